@@ -1,0 +1,192 @@
+"""Recurrent units and networks of bru-kaldi.
+
+One layout everywhere: batch-first. A layer takes ``x`` of shape ``(B, T, F)`` and ``lengths`` ``(B,)``
+(each in ``[1, T]``) and returns ``(B, T, H)``, or ``(B, T, 2H)`` when bidirectional, with zeros on
+padded frames. Kaldi's per-utterance matrices are ``(T, F)``; ``data_io`` pads them into batches.
+
+Units (``UNITS``), each documented in its module with the paper and equations it implements:
+
+=============  ==========================================================================  ===============
+name           unit                                                                        module
+=============  ==========================================================================  ===============
+``bru``        BRU, Li-BRU paper eq. 5 (sigmoid) / eq. 6 (softplus, log-probabilities)      ``models.bru``
+``libru``      Li-BRU, Li-BRU paper eq. 7a-c, probability and log-space forms             ``models.bru``
+``ubru``       unit-wise BRU of the forward-backward paper, eq. 8-10, 15-18, 21            ``models.ubru``
+``ubru_tpami`` TPAMI unit-wise BRU with forget gate (eq. 27-29, 48-51) and input gate       ``models.tpami``
+``lbru``       TPAMI layer-wise BRU (eq. 32-36, 59-64, 77-78) with input gate (eq. 72-75)  ``models.tpami``
+``ligru``      Li-GRU, Li-BRU paper eq. 8                                                  ``models.gated``
+``gru``        GRU in PyTorch's convention                                                 ``models.gated``
+``lstm``       LSTM in PyTorch's convention                                                ``models.gated``
+``mgu``        minimal gated unit                                                          ``models.gated``
+``rnn``        Elman RNN (tanh or relu)                                                    ``models.gated``
+``mlp``        frame-wise feed-forward layer                                               ``models.gated``
+``cudnn_gru``  ``torch.nn.GRU`` (cuDNN / oneDNN), for speed comparisons                    ``models.vendor``
+``cudnn_lstm`` ``torch.nn.LSTM`` (cuDNN / oneDNN), for speed comparisons                   ``models.vendor``
+=============  ==========================================================================  ===============
+
+>>> import torch, models
+>>> layer = models.build("libru", 40, 16, bidirectional=True, dropout=0.2, norm="batch")
+>>> layer(torch.randn(3, 7, 40), torch.tensor([7, 5, 2])).shape
+torch.Size([3, 7, 32])
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+from typing import Optional, Sequence, Union
+
+import torch
+
+from models.bru import BRUCell, LiBRUCell
+from models.gated import GRUCell, LiGRUCell, LSTMCell, MGUCell, MLPCell, RNNCell
+from models.norm import NORMS
+from models.recurrent import Cell, RecurrentLayer, RecurrentStack
+from models.tpami import LBRUCell, UBRUTpamiCell
+from models.ubru import UBRUCell
+from models.vendor import VendorRNN
+
+
+class UBRULayer(RecurrentLayer):
+    """A ``ubru`` layer; exposes the HMM parameters of its (forward-direction) cell as probabilities.
+
+    ``rho0``, ``tau11``, ``tau01`` are ``(H,)`` tensors; with ``bidirectional=True`` the reverse
+    direction's own parameters are at ``layer.cells[1]``. Unidirectional with ``norm=None``,
+    ``layer.proj`` is the ``torch.nn.Linear`` computing ``a_t = W x_t + b``.
+    """
+
+    @property
+    def rho0(self) -> torch.Tensor:
+        return self.cells[0].rho0
+
+    @property
+    def tau11(self) -> torch.Tensor:
+        return self.cells[0].tau11
+
+    @property
+    def tau01(self) -> torch.Tensor:
+        return self.cells[0].tau01
+
+
+_CELLS: dict[str, type[Cell]] = {
+    "bru": BRUCell,
+    "libru": LiBRUCell,
+    "ubru": UBRUCell,
+    "ubru_tpami": UBRUTpamiCell,
+    "lbru": LBRUCell,
+    "ligru": LiGRUCell,
+    "gru": GRUCell,
+    "lstm": LSTMCell,
+    "mgu": MGUCell,
+    "rnn": RNNCell,
+    "mlp": MLPCell,
+}
+_VENDOR = {"cudnn_gru": "gru", "cudnn_lstm": "lstm"}
+UNITS: tuple[str, ...] = tuple(_CELLS) + tuple(_VENDOR)
+# Units whose layers offer `posteriors()` (the probabilities of the Bayesian units).
+BAYESIAN_UNITS: tuple[str, ...] = tuple(name for name, cell in _CELLS.items() if cell.has_posteriors)
+
+
+def _unknown(kind: str, value: str, accepted: Sequence[str]) -> ValueError:
+    close = difflib.get_close_matches(value, accepted, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ValueError(f"unknown {kind} {value!r}{hint}; expected one of {', '.join(accepted)}")
+
+
+def cell_options(unit: str) -> tuple[str, ...]:
+    """The unit-specific options ``build`` accepts for ``unit`` (e.g. ``backward`` for ``ubru``)."""
+    if unit not in _CELLS:
+        return ()
+    params = inspect.signature(_CELLS[unit].__init__).parameters
+    return tuple(name for name in params if name not in ("self", "hidden_size"))
+
+
+def build(
+    unit: str,
+    input_size: int,
+    hidden_size: int,
+    *,
+    bidirectional: bool = False,
+    dropout: float = 0.0,
+    norm: Optional[str] = None,
+    **options,
+) -> torch.nn.Module:
+    """Build one layer of ``unit``.
+
+    Args:
+        unit: a name from ``UNITS`` (lower case).
+        input_size, hidden_size: ``F`` and ``H``.
+        bidirectional: a second direction with its own weights (output ``2H``).
+        dropout: inverted dropout on the layer input, one mask per sequence shared over time.
+        norm: ``None``, ``"batch"`` or ``"layer"`` on the feed-forward projections.
+        **options: unit-specific, see ``cell_options(unit)``; e.g. ``backward`` (``ubru``: ``None``,
+            ``"kalman"``, ``"hmm"``; ``ubru_tpami``: ``None``, ``"unit"``; ``lbru``: ``None``, ``"layer"``),
+            ``form`` (``bru``/``libru``: ``"log"``, ``"prob"``), ``activation`` (``rnn``/``mlp``).
+
+    Returns:
+        A module with ``forward(x, lengths)``, ``input_size`` and ``output_size``.
+    """
+    if not isinstance(unit, str) or unit not in UNITS:
+        raise _unknown("unit", str(unit), UNITS)
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    if unit in _VENDOR:
+        if options:
+            raise ValueError(f"{unit} takes no unit-specific options, got {sorted(options)}")
+        return VendorRNN(_VENDOR[unit], input_size, hidden_size, bidirectional, dropout, norm)
+    accepted = cell_options(unit)
+    for name in options:
+        if name not in accepted:
+            raise _unknown(f"option for {unit}", name, accepted or ("(none)",))
+    if unit == "mlp" and bidirectional:
+        raise ValueError("mlp is frame-wise and has no direction: bidirectional must be False")
+    cell_factory = functools.partial(_CELLS[unit], hidden_size, **options)
+    layer_class = UBRULayer if unit == "ubru" else RecurrentLayer
+    return layer_class(cell_factory, input_size, hidden_size, bidirectional, dropout, norm)
+
+
+def _per_layer(name: str, value, count: int) -> list:
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * count
+    if len(values) != count:
+        raise ValueError(f"expected {count} values of {name} (one per layer), got {len(values)}: {values}")
+    return values
+
+
+def build_stack(
+    units: Union[str, Sequence[str]],
+    input_size: int,
+    sizes: Sequence[int],
+    *,
+    dropout: Union[float, Sequence[float]] = 0.0,
+    norm: Union[Optional[str], Sequence[Optional[str]]] = None,
+    bidirectional: Union[bool, Sequence[bool]] = False,
+    options: Union[dict, Sequence[dict], None] = None,
+) -> RecurrentStack:
+    """Build a stack of layers; every argument is one value for all layers or a list with one per layer.
+
+    Shapes: ``(B, T, input_size)`` -> ``(B, T, output_size)`` (``sizes[-1]``, doubled if the last layer
+    is bidirectional).
+
+    >>> import models
+    >>> stack = models.build_stack("libru", 13, [8, 8], bidirectional=True, dropout=[0.2, 0.0])
+    >>> stack.output_size
+    16
+    """
+    count = len(sizes)
+    if count == 0:
+        raise ValueError("sizes must name at least one layer")
+    units = _per_layer("units", units, count)
+    dropouts = _per_layer("dropout", dropout, count)
+    norms = _per_layer("norm", norm, count)
+    directions = _per_layer("bidirectional", bidirectional, count)
+    extras = _per_layer("options", options or {}, count)
+    layers = []
+    for unit, size, drop, nrm, bidir, extra in zip(units, sizes, dropouts, norms, directions, extras):
+        layer = build(unit, input_size, size, bidirectional=bidir, dropout=drop, norm=nrm, **extra)
+        layers.append(layer)
+        input_size = layer.output_size
+    return RecurrentStack(layers)
+
+
+__all__ = ["UNITS", "BAYESIAN_UNITS", "build", "build_stack", "cell_options", "RecurrentLayer", "RecurrentStack", "UBRULayer"]

@@ -1,0 +1,259 @@
+"""Machinery shared by every recurrent unit: one place for each idea.
+
+A unit is a small :class:`Cell` that reads like its paper (``step`` is the
+recursion at one time step, ``finish`` an optional backward recursion).
+:class:`RecurrentLayer` wraps one cell per direction and owns everything else:
+input dropout, the input projection ``W x_t + b`` for all frames at once, its
+normalisation, bidirection by reversing each sequence within its own length,
+and the masking of padded frames.
+
+Layout: batch-first, ``x`` is ``(B, T, F)``, ``lengths`` is ``(B,)``, outputs are
+``(B, T, H)`` per direction, concatenated to ``(B, T, 2H)`` when bidirectional.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from models.norm import make_norm
+
+State = tuple[torch.Tensor, ...]
+
+
+# --------------------------------------------------------------------------- inputs and padding
+def check_inputs(x: torch.Tensor, lengths, input_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a batch and return ``(lengths, mask)``.
+
+    Args:
+        x: ``(B, T, F)`` float tensor.
+        lengths: ``(B,)`` integers in ``[1, T]`` (tensor or sequence).
+        input_size: the ``F`` the layer was built for.
+
+    Returns:
+        ``lengths`` as a LongTensor on ``x.device`` and a boolean ``(B, T)`` mask of real frames.
+    """
+    if not torch.is_tensor(x) or x.dim() != 3:
+        shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+        raise ValueError(f"expected input of shape (batch, time, {input_size}), got {shape}")
+    if x.size(2) != input_size:
+        raise ValueError(f"expected {input_size} input features in the last dimension, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"expected a floating-point input, got {x.dtype}")
+    lengths = torch.as_tensor(lengths, device=x.device)
+    if lengths.dim() != 1 or lengths.numel() != x.size(0):
+        raise ValueError(f"expected lengths of shape ({x.size(0)},), one per sequence, got {tuple(lengths.shape)}")
+    if lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise ValueError(f"expected integer lengths, got {lengths.dtype}")
+    lengths = lengths.long()
+    if len(lengths) and (int(lengths.min()) < 1 or int(lengths.max()) > x.size(1)):
+        raise ValueError(
+            f"expected every length in [1, {x.size(1)}] (the padded time dimension), got {lengths.tolist()}"
+        )
+    mask = torch.arange(x.size(1), device=x.device) < lengths[:, None]  # (B, T)
+    return lengths, mask
+
+
+def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Reverse each sequence of ``x`` ``(B, T, ...)`` within its own length; padding stays in place.
+
+    Applying it twice gives back ``x``.
+
+    >>> x = torch.arange(6.).view(2, 3, 1)
+    >>> reverse_padded(x, torch.tensor([3, 2]))[..., 0]
+    tensor([[2., 1., 0.],
+            [4., 3., 5.]])
+    """
+    T = x.size(1)
+    t = torch.arange(T, device=x.device)
+    index = torch.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)  # (B, T)
+    index = index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x)
+    return x.gather(1, index)
+
+
+def backward_scan(step: Callable[[int, State], State], last: State, lengths: torch.Tensor) -> State:
+    """Run a backward (smoothing) recursion that starts at each sequence's own last real frame.
+
+    ``last`` holds, for every frame, the value the recursion takes at a sequence's last frame
+    (e.g. ``gamma_T = alpha_T``); tensors are ``(B, T, H)``. ``step(t, next_values)`` returns the
+    values at frame ``t`` from those at ``t + 1``. Frames at or after ``lengths - 1`` keep ``last``,
+    so a padded batch gives each sequence exactly what it would get alone.
+    """
+    T = last[0].size(1)
+    current = tuple(v[:, T - 1] for v in last)
+    outputs = [current]
+    for t in range(T - 2, -1, -1):
+        candidate = step(t, current)
+        at_end = (lengths - 1 <= t)[:, None]  # (B, 1): frame t is the last real frame or padding
+        current = tuple(torch.where(at_end, v[:, t], c) for v, c in zip(last, candidate))
+        outputs.append(current)
+    outputs.reverse()
+    return tuple(torch.stack(v, dim=1) for v in zip(*outputs))
+
+
+def orthogonal_blocks_(weight: torch.Tensor, hidden_size: int) -> None:
+    """Orthogonal initialisation of each ``(H, H)`` block of a recurrent matrix ``(G*H, H)``."""
+    with torch.no_grad():
+        for block in weight.split(hidden_size, dim=0):
+            nn.init.orthogonal_(block)
+
+
+# --------------------------------------------------------------------------- cells
+class Cell(nn.Module):
+    """One direction of a recurrent unit.
+
+    Subclasses set ``num_gates`` (the input projection is ``num_gates * H`` wide) and define
+    ``initial_state`` and ``step``; units with a backward recursion also define ``finish``.
+    The time loop is written once, here.
+    """
+
+    num_gates = 1
+    # True when the unit computes probabilities that `posteriors()` can return.
+    has_posteriors = False
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.hidden_size = hidden_size
+
+    def initial_state(self, proj: torch.Tensor) -> State:
+        raise NotImplementedError
+
+    def step(self, proj_t: torch.Tensor, state: State) -> tuple[State, State]:
+        """One time step: ``proj_t`` is ``(B, G*H)``; returns ``(emitted, new_state)``."""
+        raise NotImplementedError
+
+    def finish(self, proj: torch.Tensor, emitted: State, lengths: torch.Tensor):
+        """Turn the stacked emissions ``(B, T, H)`` into ``(output, probabilities or None)``."""
+        return emitted[0], None
+
+    def forward(self, proj: torch.Tensor, lengths: torch.Tensor):
+        state = self.initial_state(proj)
+        emitted = []
+        for t in range(proj.size(1)):
+            out, state = self.step(proj[:, t], state)
+            emitted.append(out)
+        stacked = tuple(torch.stack(e, dim=1) for e in zip(*emitted))
+        return self.finish(proj, stacked, lengths)
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}"
+
+
+# --------------------------------------------------------------------------- layers
+class RecurrentLayer(nn.Module):
+    """A layer of recurrent units: dropout, projection, norm, one cell per direction.
+
+    Args:
+        cell_factory: builds one :class:`Cell` (called once per direction: untied weights).
+        input_size: ``F``.
+        hidden_size: ``H``.
+        bidirectional: add a second cell reading each sequence reversed within its length.
+        dropout: inverted dropout on the input, one mask per sequence shared over time.
+        norm: ``None``, ``"batch"`` or ``"layer"`` on the feed-forward projections ``W x_t``
+            (statistics over real frames only).
+
+    Shapes: ``x`` ``(B, T, F)``, ``lengths`` ``(B,)`` -> ``(B, T, H)`` or ``(B, T, 2H)``.
+    Padded output frames are zero.
+    """
+
+    def __init__(
+        self,
+        cell_factory: Callable[[], Cell],
+        input_size: int,
+        hidden_size: int,
+        bidirectional: bool = False,
+        dropout: float = 0.0,
+        norm: Optional[str] = None,
+    ):
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if input_size < 1 or hidden_size < 1:
+            raise ValueError(f"input_size and hidden_size must be positive, got {input_size} and {hidden_size}")
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.bidirectional, self.dropout = bool(bidirectional), float(dropout)
+        self.num_directions = 2 if bidirectional else 1
+        self.cells = nn.ModuleList(cell_factory() for _ in range(self.num_directions))
+        width = self.num_directions * self.cells[0].num_gates * hidden_size
+        # A norm has its own shift, which makes a projection bias redundant.
+        self.proj = nn.Linear(input_size, width, bias=norm is None)
+        self.norm = make_norm(norm, width, hidden_size)
+        self.output_size = self.num_directions * hidden_size
+
+    def forward(self, x: torch.Tensor, lengths) -> torch.Tensor:
+        return self._run(x, lengths)[0]
+
+    def posteriors(self, x: torch.Tensor, lengths) -> torch.Tensor:
+        """The probabilities the unit computes (``h``, ``alpha`` or ``gamma``), ``(B, T, D*H)``."""
+        if not self.cells[0].has_posteriors:
+            raise TypeError(f"{type(self.cells[0]).__name__} computes no probabilities")
+        return self._run(x, lengths)[1]
+
+    def _run(self, x: torch.Tensor, lengths):
+        lengths, mask = check_inputs(x, lengths, self.input_size)
+        if self.training and self.dropout > 0:
+            keep = x.new_empty(x.size(0), 1, x.size(2)).bernoulli_(1 - self.dropout)  # (B, 1, F): one mask per sequence
+            x = x * keep / (1 - self.dropout)
+        proj = self.proj(x)  # (B, T, D*G*H)
+        if self.norm is not None:
+            proj = self.norm(proj, mask)
+        proj = proj.masked_fill(~mask[..., None], 0.0)  # padding never reaches a recursion
+        outputs, probs = [], []
+        for direction, (cell, p) in enumerate(zip(self.cells, proj.chunk(self.num_directions, dim=-1))):
+            if direction == 1:
+                p = reverse_padded(p, lengths)
+            out, prob = cell(p, lengths)
+            if direction == 1:
+                out = reverse_padded(out, lengths)
+                prob = None if prob is None else reverse_padded(prob, lengths)
+            outputs.append(out)
+            probs.append(prob)
+        keep = mask[..., None]
+        out = torch.cat(outputs, dim=-1).masked_fill(~keep, 0.0)
+        prob = None if probs[0] is None else torch.cat(probs, dim=-1).masked_fill(~keep, 0.0)
+        return out, prob
+
+    def extra_repr(self) -> str:
+        return f"bidirectional={self.bidirectional}, dropout={self.dropout}"
+
+
+class RecurrentStack(nn.Module):
+    """Layers applied in order; each takes the previous one's output.
+
+    Shapes: ``x`` ``(B, T, F)``, ``lengths`` ``(B,)`` -> ``(B, T, layers[-1].output_size)``.
+
+    >>> import models
+    >>> stack = models.build_stack(["ligru", "ubru"], 40, [8, 6], bidirectional=[True, False])
+    >>> stack(torch.randn(2, 5, 40), torch.tensor([5, 3])).shape
+    torch.Size([2, 5, 6])
+    """
+
+    def __init__(self, layers: Sequence[nn.Module]):
+        super().__init__()
+        if not layers:
+            raise ValueError("a stack needs at least one layer")
+        self.layers = nn.ModuleList(layers)
+        self.input_size = layers[0].input_size
+        self.output_size = layers[-1].output_size
+
+    def forward(self, x: torch.Tensor, lengths) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, lengths)
+        return x
+
+
+def logit(p: float) -> float:
+    """log(p / (1 - p)) for a Python float, used to initialise parameters stored as logits."""
+    return math.log(p) - math.log1p(-p)
+
+
+def log_sigmoid_pair(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log sigma(a), log(1 - sigma(a)))`` without forming ``1 - sigma(a)`` by subtraction.
+
+    log sigma(a) = -softplus(-a) and log(1 - sigma(a)) = -softplus(a) (field notes).
+    """
+    return -F.softplus(-a), -F.softplus(a)
