@@ -1,0 +1,198 @@
+"""Properties every unit must have: gradients, padding invariance, directions, stability, errors."""
+
+import pytest
+import torch
+from torch.func import functional_call
+
+import models
+from tests.unit_variants import VARIANTS, directions, make_layer, variant_id
+
+ALL = [(unit, options, bidir) for unit, options in VARIANTS for bidir in directions(unit)]
+
+
+@pytest.mark.parametrize("unit, options, bidirectional", ALL, ids=[variant_id((u, o)) + ("-bi" if b else "") for u, o, b in ALL])
+def test_gradcheck_float64(unit, options, bidirectional):
+    """Gradients of the output with respect to the input and every parameter, by finite differences."""
+    layer = make_layer(unit, options, input_size=2, hidden_size=3, bidirectional=bidirectional, dtype=torch.float64)
+    names = [name for name, _ in layer.named_parameters()]
+    params = tuple(p.detach().clone().requires_grad_() for p in layer.parameters())
+    x = torch.randn(2, 5, 2, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([5, 3])
+
+    def run(x, *params):
+        return functional_call(layer, dict(zip(names, params)), (x, lengths))
+
+    assert torch.autograd.gradcheck(run, (x, *params), eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("unit, options, bidirectional", ALL, ids=[variant_id((u, o)) + ("-bi" if b else "") for u, o, b in ALL])
+def test_padding_invariance(unit, options, bidirectional):
+    """A sequence inside a padded batch gives what it gives alone, whatever the padding holds."""
+    layer = make_layer(unit, options, input_size=3, hidden_size=4, bidirectional=bidirectional)
+    lengths = [9, 5, 1, 7]
+    batch = torch.randn(len(lengths), max(lengths), 3)
+    for i, n in enumerate(lengths):
+        batch[i, n:] = 1e3 * torch.randn(max(lengths) - n, 3)  # garbage in the padding on purpose
+    out = layer(batch, lengths)
+    for i, n in enumerate(lengths):
+        alone = layer(batch[i : i + 1, :n], [n])[0]
+        torch.testing.assert_close(out[i, :n], alone, rtol=1e-6, atol=1e-6)  # float32 rounding of batched matmuls
+        assert (out[i, n:] == 0).all()
+
+
+RECURRENT = [v for v in VARIANTS if v[0] != "mlp"]
+
+
+@pytest.mark.parametrize("unit, options", RECURRENT, ids=[variant_id(v) for v in RECURRENT])
+def test_reverse_direction_reads_each_sequence_backwards(unit, options):
+    """The second direction of a bidirectional layer equals a unidirectional layer with its weights on the reversed sequence."""
+    bi = make_layer(unit, options, bidirectional=True, dtype=torch.float64, seed=4)
+    uni = models.build(unit, 3, 4, **options).double().eval()
+    state = {}
+    for name, value in bi.state_dict().items():
+        if name.startswith("proj.") or name.startswith("norm."):
+            state[name] = value.chunk(2, dim=0)[1]
+        elif name.startswith("cells.1."):
+            state["cells.0." + name[len("cells.1.") :]] = value
+        elif name.startswith("rnn.") and name.endswith("_reverse"):
+            state[name[: -len("_reverse")]] = value
+    uni.load_state_dict(state, strict=True)
+    x, n = torch.randn(1, 8, 3, dtype=torch.float64), 6
+    backwards = uni(x[:, :n].flip(1), [n]).flip(1)
+    torch.testing.assert_close(bi(x, [n])[0, :n, 4:], backwards[0])
+
+
+@pytest.mark.parametrize("unit, options", VARIANTS, ids=[variant_id(v) for v in VARIANTS])
+def test_long_sequences_with_large_preactivations_stay_finite(unit, options):
+    """T = 2000 and pre-activations up to |50|: no NaN or Inf in outputs or gradients."""
+    torch.manual_seed(0)
+    layer = models.build(unit, 4, 8, **options)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name in ("proj.weight", "rnn.weight_ih_l0"):
+                p.copy_(torch.nn.functional.normalize(torch.randn_like(p), dim=1))  # |W x| <= |x|
+    x = (torch.rand(2, 2000, 4) * 2 - 1) * 25  # |x| up to 50
+    x.requires_grad_()
+    out = layer(x, [2000, 1500])
+    assert torch.isfinite(out).all()
+    out.square().mean().backward()
+    assert torch.isfinite(x.grad).all()
+    for name, p in layer.named_parameters():
+        assert torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize("unit", models.BAYESIAN_UNITS)
+def test_posteriors_are_probabilities(unit):
+    layer = make_layer(unit, {}, bidirectional=True)
+    p = layer.posteriors(torch.randn(2, 6, 3) * 4, [6, 4])
+    assert p.shape == (2, 6, 8)
+    assert ((p >= 0) & (p <= 1)).all()
+
+
+def test_posteriors_refused_for_units_without_probabilities():
+    with pytest.raises(TypeError, match="no probabilities"):
+        models.build("gru", 3, 4).posteriors(torch.randn(1, 2, 3), [2])
+
+
+def test_libru_and_bru_output_log_probabilities():
+    layer = make_layer("libru", {})
+    x = torch.randn(2, 6, 3)
+    torch.testing.assert_close(layer(x, [6, 6]).exp(), layer.posteriors(x, [6, 6]))
+
+
+def test_dropout_is_inverted_and_shared_over_time():
+    torch.manual_seed(0)
+    layer = models.build("mlp", 50, 8, dropout=0.5)
+    with torch.no_grad():
+        layer.proj.weight.copy_(torch.eye(8, 50))
+        layer.proj.bias.zero_()
+    layer.cells[0].activation = lambda a: a  # see the dropped input directly
+    x = torch.ones(4, 10, 50)
+    layer.train()
+    out = layer(x, [10] * 4)
+    assert set(out.unique().tolist()) <= {0.0, 2.0}  # scaled by 1 / (1 - p)
+    assert (out == out[:, :1]).all()  # the same mask at every frame of a sequence
+    assert not (out[0] == out[1]).all() or not (out[1] == out[2]).all()  # masks differ between sequences
+    layer.eval()
+    assert (layer(x, [10] * 4) == 1).all()
+
+
+def test_batch_norm_statistics_ignore_padding():
+    torch.manual_seed(0)
+    layer = models.build("ligru", 3, 4, norm="batch")
+    real = torch.randn(1, 5, 3)
+    padded = torch.cat([real, torch.full((1, 20, 3), 1e3)], dim=1)
+    layer.train()
+    a = layer(real, [5])
+    running = layer.norm.running_mean.clone()
+    layer.norm.running_mean.zero_()
+    layer.norm.running_var.fill_(1)
+    b = layer(padded, [5])[:, :5]
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(layer.norm.running_mean, running)
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+def test_norms_run_in_both_modes(norm):
+    layer = models.build("libru", 3, 4, norm=norm, bidirectional=True)
+    x = torch.randn(2, 5, 3)
+    assert layer.train()(x, [5, 3]).shape == (2, 5, 8)
+    assert torch.isfinite(layer.eval()(x, [5, 3])).all()
+
+
+def test_recurrent_matrices_start_orthogonal():
+    layer = models.build("libru", 3, 6)
+    for block in layer.cells[0].recurrent.weight.split(6):
+        torch.testing.assert_close(block @ block.T, torch.eye(6), atol=1e-5, rtol=0)
+
+
+def test_stack_of_units_by_name():
+    stack = models.build_stack(["ligru", "ligru", "ubru"], 40, [16, 16, 8], bidirectional=[True, True, False],
+                               dropout=0.2, norm=["batch", "batch", None], options=[{}, {}, {"backward": "kalman"}])
+    out = stack(torch.randn(3, 11, 40), torch.tensor([11, 8, 3]))
+    assert out.shape == (3, 11, 8)
+    assert stack.layers[2].cells[0].backward == "kalman"
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "x, lengths, message",
+    [
+        (torch.randn(5, 3), [5], r"shape \(batch, time, 3\)"),
+        (torch.randn(2, 5, 4), [5, 5], "expected 3 input features"),
+        (torch.randn(2, 5, 3), [5, 6], r"every length in \[1, 5\]"),
+        (torch.randn(2, 5, 3), [5, 0], r"every length in \[1, 5\]"),
+        (torch.randn(2, 5, 3), [5, -1], r"every length in \[1, 5\]"),
+        (torch.randn(2, 5, 3), [5], r"lengths of shape \(2,\)"),
+        (torch.randn(2, 5, 3), [5.0, 2.0], "integer lengths"),
+    ],
+)
+@pytest.mark.parametrize("unit", ["libru", "cudnn_gru"])
+def test_bad_input_raises_value_error(unit, x, lengths, message):
+    with pytest.raises(ValueError, match=message):
+        models.build(unit, 3, 4)(x, lengths)
+
+
+@pytest.mark.parametrize(
+    "unit, kwargs, message",
+    [
+        ("li_bru", {}, r"unknown unit 'li_bru' \(did you mean 'libru'\?\)"),
+        ("ubru", {"backward": "kalmann"}, "backward must be one of"),
+        ("ubru", {"backwards": "kalman"}, "did you mean 'backward'"),
+        ("libru", {"norm": "group"}, "norm must be one of"),
+        ("libru", {"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
+        ("cudnn_gru", {"norm": "batch"}, "norm must be None"),
+        ("mlp", {"bidirectional": True}, "no direction"),
+        ("bru", {"form": "logit"}, "form must be one of"),
+        ("ubru", {"tau11": 1.0}, "tau11 must be a probability"),
+    ],
+)
+def test_bad_configuration_raises_value_error(unit, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        models.build(unit, 3, 4, **kwargs)
+
+
+def test_units_list_names_every_required_unit():
+    required = {"bru", "libru", "ubru", "lbru", "ligru", "gru", "lstm", "mgu", "rnn", "mlp", "cudnn_gru", "cudnn_lstm"}
+    assert required <= set(models.UNITS)
+    assert all(name == name.lower() for name in models.UNITS)
