@@ -1,0 +1,457 @@
+"""Experiment configs: pytorch-kaldi's INI vocabulary, parsed once into typed, validated dataclasses.
+
+A config is read with the standard library's configparser, ``$VARIABLES`` in values are expanded from
+the environment, command-line overrides ``--section,option=value`` are applied, and every section is
+turned into a dataclass below (lists as lists, bools as bools). Unknown sections and options are
+errors with a did-you-mean; bad values name the section, the option and what was expected. The
+resolved config is written back as INI with :func:`write_resolved` (the experiment folder keeps it).
+
+Sections: ``[exp]``, ``[datasetN]`` (feature streams ``fea=`` and label streams ``lab=`` as multi-line
+blocks, as in pytorch-kaldi), ``[data_use]``, ``[batches]``, ``[architectureN]``, ``[model]``,
+``[forward]``, ``[decoding]``.
+
+>>> cfg = parse_config_text('''
+... [exp]
+... out_folder = exp/demo
+... [dataset1]
+... data_name = train
+... fea = fea_name=fbank
+...     fea_lst=data/train/feats.scp
+... lab = lab_name=lab_cd
+...     lab_folder=exp/mono_ali_train
+... [data_use]
+... train_with = train
+... valid_with = train
+... forward_with = train
+... [architecture1]
+... arch_name = rnn
+... unit = libru
+... sizes = 8,8
+... [model]
+... stack = rnn
+... inputs = fbank
+... senone_lab = lab_cd
+... ''')
+>>> cfg.architectures[0].sizes, cfg.architectures[0].bidirectional, cfg.datasets[0].fea[0].cw_left
+([8, 8], [False, False], 0)
+"""
+
+from __future__ import annotations
+
+import configparser
+import dataclasses
+import difflib
+import os
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import models
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used: the message names the file, section and option."""
+
+
+def choice(*values, default=None, help=""):
+    """A field whose value must be one of ``values``."""
+    return field(default=default, metadata={"choices": values, "help": help})
+
+
+# --------------------------------------------------------------------------- schema
+@dataclass
+class Exp:
+    out_folder: str = ""  # experiment folder: checkpoints, res.res, posteriors, decodes
+    seed: int = 1234
+    n_epochs_tr: int = 24
+    device: str = choice("auto", "cpu", "cuda", default="auto")  # auto: CUDA when available
+    mixed_precision: bool = False  # bf16/fp16 autocast, CUDA only
+    builtin_corpus: str = choice("none", "tiny", "default", default="none")  # build the built-in corpus if missing
+    builtin_corpus_dir: str = "recipes/mini_timit"
+
+
+@dataclass
+class FeatureStream:
+    fea_name: str = ""
+    fea_lst: str = ""  # feats.scp, or a Kaldi rspecifier / pipeline ("ark:... |")
+    fea_opts: str = ""  # apply-cmvn / add-deltas options, see data_io
+    cw_left: int = 0  # frames of left context spliced in
+    cw_right: int = 0
+
+
+@dataclass
+class LabelStream:
+    lab_name: str = ""
+    lab_folder: str = ""  # alignment dir holding ali.*.gz and final.mdl
+    lab_opts: str = choice("ali-to-pdf", "ali-to-phones --per-frame=true", default="ali-to-pdf")
+    lab_count_file: str = "auto"  # "auto" (pdf counts from the training alignments), "none", or a file
+    lab_data_folder: str = ""  # Kaldi data dir (text, utt2spk, cmvn.scp)
+    lab_graph: str = ""  # graph dir holding HCLG.fst and words.txt
+
+
+@dataclass
+class Dataset:
+    data_name: str = ""
+    fea: list[FeatureStream] = field(default_factory=list)
+    lab: list[LabelStream] = field(default_factory=list)
+    n_chunks: int = 1
+
+
+@dataclass
+class DataUse:
+    train_with: str = ""
+    valid_with: str = ""
+    forward_with: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Batches:
+    batch_size_train: int = 8
+    max_seq_length_train: int = 1000
+    batch_size_valid: int = 8
+    max_seq_length_valid: int = 0  # 0: no limit
+    long_utterances: str = choice("split", "drop", default="split")
+
+
+@dataclass
+class Architecture:
+    arch_name: str = ""
+    unit: str = choice(*models.UNITS, default="libru")
+    sizes: list[int] = field(default_factory=list)  # one per layer
+    dropout: list[float] = field(default_factory=list)  # one value, or one per layer
+    norm: list[str] = field(default_factory=list)  # none, batch or layer
+    bidirectional: list[bool] = field(default_factory=list)
+    backward: str = "none"  # ubru: none/kalman/hmm; ubru_tpami: none/unit; lbru: none/layer
+    form: str = choice("log", "prob", default="log")  # bru, libru
+    activation: str = "default"  # rnn, mlp
+    arch_lr: float = 0.0008
+    arch_halving_factor: float = 0.5
+    arch_improvement_threshold: float = 0.001
+    arch_opt: str = choice("sgd", "adam", "rmsprop", "adadelta", default="rmsprop")
+    opt_momentum: float = 0.0
+    opt_weight_decay: float = 0.0
+    opt_alpha: float = 0.95  # rmsprop
+    opt_eps: float = 1e-8
+    opt_centered: bool = False
+    opt_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # adam
+    opt_rho: float = 0.9  # adadelta
+    opt_nesterov: bool = False
+    clip_grad_norm: float = 0.0  # 0: no clipping
+
+
+@dataclass
+class Model:
+    stack: list[str] = field(default_factory=list)  # arch_name of each architecture, input first
+    inputs: list[str] = field(default_factory=list)  # fea_name of the streams concatenated per frame
+    senone_lab: str = "lab_cd"
+    mono_lab: str = "none"  # an auxiliary monophone output, as pytorch-kaldi's multi-task recipes
+    mono_weight: float = 1.0
+
+
+@dataclass
+class Forward:
+    normalize_posteriors: bool = True  # log-likelihoods = log posteriors - log priors
+    normalize_with_counts_from: str = "lab_cd"
+    save_out_file: bool = True
+    require_decoding: bool = True
+
+
+@dataclass
+class Decoding:
+    decoder: str = choice("auto", "kaldi", "python", default="auto")  # auto: Kaldi when its binaries are found
+    scoring: str = choice("timit", "wsj", "ami", "plain", default="timit")
+    min_active: int = 200
+    max_active: int = 7000
+    max_mem: int = 50000000
+    beam: float = 13.0
+    latbeam: float = 8.0
+    acwt: float = 0.2
+    acwt_sweep: list[float] = field(default_factory=list)  # scales tried on dev; empty: acwt alone
+    num_jobs: int = 0  # 0: one per CPU core
+
+
+@dataclass
+class Config:
+    exp: Exp
+    datasets: list[Dataset]
+    data_use: DataUse
+    batches: Batches
+    architectures: list[Architecture]
+    model: Model
+    forward: Forward
+    decoding: Decoding
+    source: str = "<string>"
+
+    def dataset(self, name: str) -> Dataset:
+        for d in self.datasets:
+            if d.data_name == name:
+                return d
+        raise ConfigError(f"{self.source}: no [datasetN] has data_name = {name!r}; known: {[d.data_name for d in self.datasets]}")
+
+    def architecture(self, name: str) -> Architecture:
+        for a in self.architectures:
+            if a.arch_name == name:
+                return a
+        raise ConfigError(f"{self.source}: no [architectureN] has arch_name = {name!r}")
+
+
+# --------------------------------------------------------------------------- value conversion
+def _scalar(text: str, kind, where: str):
+    text = text.strip()
+    if kind is bool:
+        lowered = text.lower()
+        if lowered in ("true", "yes", "1", "on"):
+            return True
+        if lowered in ("false", "no", "0", "off"):
+            return False
+        raise ConfigError(f"{where}: expected a boolean (True or False), got {text!r}")
+    try:
+        return kind(text)
+    except ValueError:
+        raise ConfigError(f"{where}: expected {'an integer' if kind is int else 'a number' if kind is float else kind.__name__}, got {text!r}") from None
+
+
+def _convert(cls, f: dataclasses.Field, text: str, where: str):
+    kind = typing.get_type_hints(cls)[f.name]
+    if typing.get_origin(kind) is list:
+        (element,) = typing.get_args(kind)
+        items = [t for t in re.split(r"[,\s]+", text.strip()) if t]
+        return [_scalar(t, element, f"{where} (item {i + 1})") for i, t in enumerate(items)]
+    value = _scalar(text, kind, where)
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{where}: {value!r} is not accepted{hint}; expected one of {', '.join(map(str, choices))}")
+    return value
+
+
+def _unknown(what: str, name: str, known: Sequence[str], where: str) -> ConfigError:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"{where}: unknown {what} {name!r}{hint}; accepted: {', '.join(sorted(known))}")
+
+
+def _fill(cls, options: dict, where: str):
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for name, text in options.items():
+        if name not in known:
+            raise _unknown("option", name, known, where)
+        values[name] = _convert(cls, known[name], text, f"{where} option {name}")
+    return cls(**values)
+
+
+def _streams(cls, block: str, key: str, where: str) -> list:
+    """Split a multi-line ``fea=`` / ``lab=`` block into one dataclass per stream."""
+    streams, current = [], None
+    for number, line in enumerate(block.strip().splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        if "=" not in line:
+            raise ConfigError(f"{where}: line {number} of the block is {line!r}; expected name=value")
+        name, value = (s.strip() for s in line.split("=", 1))
+        if name == key:
+            current = {}
+            streams.append(current)
+        elif current is None:
+            raise ConfigError(f"{where}: each stream must start with {key}=, got {name}= first")
+        current[name] = value
+    return [_fill(cls, s, f"{where} ({key}={s[key]})") for s in streams]
+
+
+# --------------------------------------------------------------------------- parsing
+SINGLE_SECTIONS = {"exp": Exp, "data_use": DataUse, "batches": Batches, "model": Model, "forward": Forward, "decoding": Decoding}
+NUMBERED = ("dataset", "architecture")
+
+
+def _expand(value: str, where: str) -> str:
+    expanded = os.path.expandvars(value)
+    missing = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
+    if missing:
+        raise ConfigError(f"{where}: environment variable ${missing[0]} is not set (used in {value.strip()!r})")
+    return expanded
+
+
+def parse_overrides(arguments: Sequence[str]) -> list[tuple[str, str, str]]:
+    """``--section,option=value`` arguments as ``(section, option, value)`` triples."""
+    triples = []
+    for argument in arguments:
+        match = re.fullmatch(r"--([^,=]+),([^=]+)=(.*)", argument, flags=re.S)
+        if not match:
+            raise ConfigError(f"override {argument!r}: expected --section,option=value")
+        triples.append(match.groups())
+    return triples
+
+
+def parse_config_text(text: str, overrides: Sequence[tuple[str, str, str]] = (), source: str = "<string>") -> Config:
+    """Parse INI text (and overrides) into a validated :class:`Config`."""
+    parser = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=("#", ";"))
+    parser.optionxform = str  # option names are case-sensitive, as in pytorch-kaldi
+    try:
+        parser.read_string(text, source=source)
+    except configparser.Error as error:
+        raise ConfigError(f"{source}: {error}") from None
+    for section, option, value in overrides:
+        if not parser.has_section(section):
+            raise _unknown("section", section, parser.sections(), f"override --{section},{option}")
+        parser.set(section, option, value)
+
+    sections = {}
+    for section in parser.sections():
+        base = re.sub(r"\d+$", "", section)
+        if section not in SINGLE_SECTIONS and not (base in NUMBERED and base != section):
+            known = list(SINGLE_SECTIONS) + [f"{n}N" for n in NUMBERED]
+            raise _unknown("section", section, known, source)
+        sections[section] = {k: _expand(v, f"{source} [{section}] {k}") for k, v in parser.items(section)}
+
+    def single(name):
+        return _fill(SINGLE_SECTIONS[name], sections.get(name, {}), f"{source} [{name}]")
+
+    def numbered(base):
+        names = sorted((s for s in sections if re.fullmatch(base + r"\d+", s)), key=lambda s: int(s[len(base):]))
+        return [(name, sections[name]) for name in names]
+
+    datasets = []
+    for name, options in numbered("dataset"):
+        where = f"{source} [{name}]"
+        fea = _streams(FeatureStream, options.pop("fea", ""), "fea_name", f"{where} fea")
+        lab = _streams(LabelStream, options.pop("lab", ""), "lab_name", f"{where} lab")
+        dataset = _fill(Dataset, options, where)
+        dataset.fea, dataset.lab = fea, lab
+        datasets.append(dataset)
+    architectures = [_fill(Architecture, o, f"{source} [{n}]") for n, o in numbered("architecture")]
+    config = Config(
+        exp=single("exp"), datasets=datasets, data_use=single("data_use"), batches=single("batches"),
+        architectures=architectures, model=single("model"), forward=single("forward"),
+        decoding=single("decoding"), source=source,
+    )
+    validate(config)
+    return config
+
+
+def parse_config(path, overrides: Sequence[str] = ()) -> Config:
+    """Read ``path`` and apply ``--section,option=value`` overrides."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    return parse_config_text(path.read_text(), parse_overrides(overrides), source=str(path))
+
+
+# --------------------------------------------------------------------------- cross-section checks
+def _per_layer(values: list, count: int, default, where: str) -> list:
+    if not values:
+        return [default] * count
+    if len(values) == 1:
+        return values * count
+    if len(values) != count:
+        raise ConfigError(f"{where}: expected 1 or {count} values (one per layer), got {len(values)}")
+    return values
+
+
+def validate(config: Config) -> None:
+    """Checks that span options and sections; fills per-layer lists to one value per layer."""
+    src = config.source
+    if not config.exp.out_folder:
+        raise ConfigError(f"{src} [exp] out_folder: required (the experiment folder)")
+    names = [d.data_name for d in config.datasets]
+    if not config.datasets:
+        raise ConfigError(f"{src}: at least one [datasetN] section is required")
+    for d in config.datasets:
+        if not d.data_name or not d.fea:
+            raise ConfigError(f"{src}: every [datasetN] needs data_name and at least one fea stream")
+        if d.n_chunks < 1:
+            raise ConfigError(f"{src} dataset {d.data_name} n_chunks: expected a positive integer, got {d.n_chunks}")
+    use = config.data_use
+    for option, value in (("train_with", use.train_with), ("valid_with", use.valid_with), *(("forward_with", v) for v in use.forward_with)):
+        if value not in names:
+            raise _unknown(f"dataset for {option}", value, names, f"{src} [data_use]")
+    arch_names = [a.arch_name for a in config.architectures]
+    for a in config.architectures:
+        where = f"{src} [architecture arch_name={a.arch_name}]"
+        if not a.sizes or min(a.sizes) < 1:
+            raise ConfigError(f"{where} sizes: expected positive layer sizes, got {a.sizes}")
+        n = len(a.sizes)
+        a.dropout = _per_layer(a.dropout, n, 0.0, f"{where} dropout")
+        a.norm = [None if v.lower() == "none" else v for v in _per_layer(a.norm, n, "none", f"{where} norm")]
+        a.bidirectional = _per_layer(a.bidirectional, n, False, f"{where} bidirectional")
+        for v in a.norm:
+            if v not in ("batch", "layer", None):
+                raise ConfigError(f"{where} norm: expected none, batch or layer, got {v!r}")
+        try:  # the unit itself says which options it accepts and which values
+            models.build(a.unit, 1, 1, **unit_options(a))
+        except ValueError as error:
+            raise ConfigError(f"{where}: {error}") from None
+    if not config.model.stack:
+        raise ConfigError(f"{src} [model] stack: name the architectures to stack, input first (arch_name values)")
+    for name in config.model.stack:
+        if name not in arch_names:
+            raise _unknown("architecture in stack", name, arch_names, f"{src} [model]")
+    fea_names = {s.fea_name for d in config.datasets for s in d.fea}
+    for name in config.model.inputs:
+        if name not in fea_names:
+            raise _unknown("feature stream in inputs", name, fea_names, f"{src} [model]")
+    lab_names = {s.lab_name for d in config.datasets for s in d.lab}
+    for option in ("senone_lab", "mono_lab"):
+        value = getattr(config.model, option)
+        if option == "mono_lab" and value == "none":
+            continue
+        if lab_names and value not in lab_names:
+            raise _unknown(f"label stream for {option}", value, lab_names, f"{src} [model]")
+
+
+def unit_options(arch: Architecture) -> dict:
+    """The unit-specific keyword arguments for ``models.build`` that this architecture sets."""
+    accepted = models.cell_options(arch.unit)
+    options = {}
+    if "backward" in accepted:
+        options["backward"] = None if arch.backward == "none" else arch.backward
+    elif arch.backward != "none":
+        raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} has no backward recursion, got backward = {arch.backward}")
+    if "form" in accepted:
+        options["form"] = arch.form
+    if arch.activation != "default":
+        if "activation" not in accepted:
+            raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no activation option")
+        options["activation"] = arch.activation
+    return options
+
+
+# --------------------------------------------------------------------------- writing
+def _format(value) -> str:
+    if isinstance(value, list):
+        return ",".join("none" if v is None else str(v) for v in value)
+    return str(value)
+
+
+def write_resolved(config: Config, path) -> None:
+    """Write the fully resolved config (every option, defaults included) as INI, atomically."""
+    lines = []
+
+    def section(name, obj, skip=()):
+        lines.append(f"[{name}]")
+        for f in dataclasses.fields(obj):
+            if f.name not in skip:
+                lines.append(f"{f.name} = {_format(getattr(obj, f.name))}")
+        lines.append("")
+
+    section("exp", config.exp)
+    for i, d in enumerate(config.datasets, 1):
+        section(f"dataset{i}", d, skip=("fea", "lab"))
+        for key, streams in (("fea", d.fea), ("lab", d.lab)):
+            if streams:
+                body = "\n".join(f"\t{f.name}={_format(getattr(s, f.name))}" for s in streams for f in dataclasses.fields(s))
+                lines.insert(len(lines) - 1, f"{key} =\n{body}")
+    section("data_use", config.data_use)
+    section("batches", config.batches)
+    for i, a in enumerate(config.architectures, 1):
+        section(f"architecture{i}", a)
+    for name in ("model", "forward", "decoding"):
+        section(name, getattr(config, name))
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines))
+    os.replace(tmp, path)

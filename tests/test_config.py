@@ -1,0 +1,138 @@
+"""Config parsing: typed values, validation messages, overrides, variables, the resolved copy."""
+
+import dataclasses
+
+import pytest
+
+from config import ConfigError, parse_config, parse_config_text, parse_overrides, write_resolved
+
+BASE = """
+[exp]
+out_folder = $BRU_TEST_EXP/demo
+seed = 7
+n_epochs_tr = 3
+
+[dataset1]
+data_name = train
+fea = fea_name=fbank
+    fea_lst=data/train/feats.scp
+    fea_opts=apply-cmvn --utt2spk=ark:data/train/utt2spk ark:data/train/cmvn.scp ark:- ark:- |
+    cw_left=2
+    cw_right=2
+    fea_name=mfcc
+    fea_lst=data/train/mfcc.scp
+lab = lab_name=lab_cd
+    lab_folder=exp/mono_ali_train
+    lab_opts=ali-to-pdf
+    lab_name=lab_mono
+    lab_folder=exp/mono_ali_train
+    lab_opts=ali-to-phones --per-frame=true
+n_chunks = 2
+
+[data_use]
+train_with = train
+valid_with = train
+forward_with = train
+
+[architecture1]
+arch_name = rec
+unit = ligru
+sizes = 16,16
+dropout = 0.2
+norm = batch
+bidirectional = True,False
+arch_opt = adam
+
+[architecture2]
+arch_name = top
+unit = ubru
+sizes = 8
+backward = kalman
+
+[model]
+stack = rec,top
+inputs = fbank,mfcc
+senone_lab = lab_cd
+mono_lab = lab_mono
+mono_weight = 0.5
+
+[decoding]
+acwt_sweep = 0.1, 0.2 0.3
+"""
+
+
+@pytest.fixture(autouse=True)
+def exp_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("BRU_TEST_EXP", str(tmp_path))
+    return tmp_path
+
+
+def test_values_are_typed_and_lists_filled_per_layer(exp_root):
+    cfg = parse_config_text(BASE)
+    assert cfg.exp.out_folder == f"{exp_root}/demo"
+    assert cfg.exp.seed == 7
+    rec, top = cfg.architectures
+    assert rec.sizes == [16, 16] and rec.dropout == [0.2, 0.2] and rec.norm == ["batch", "batch"]
+    assert rec.bidirectional == [True, False]
+    assert top.norm == [None] and top.backward == "kalman"
+    fbank, mfcc = cfg.datasets[0].fea
+    assert (fbank.cw_left, fbank.cw_right, mfcc.cw_left) == (2, 2, 0)
+    assert fbank.fea_opts.endswith("ark:- ark:- |")
+    assert [s.lab_opts for s in cfg.datasets[0].lab] == ["ali-to-pdf", "ali-to-phones --per-frame=true"]
+    assert cfg.decoding.acwt_sweep == [0.1, 0.2, 0.3]
+    assert cfg.model.mono_weight == 0.5
+
+
+def test_overrides_replace_values():
+    overrides = parse_overrides(["--exp,seed=99", "--architecture1,sizes=4,4,4", "--architecture1,bidirectional=True"])
+    cfg = parse_config_text(BASE, overrides)
+    assert cfg.exp.seed == 99 and cfg.architectures[0].sizes == [4, 4, 4]
+    assert cfg.architectures[0].bidirectional == [True, True, True]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (("[exp]", "[exp]\nsed = 3"), r"\[exp\]: unknown option 'sed' \(did you mean 'seed'\?\)"),
+        (("[decoding]", "[decodng]"), r"unknown section 'decodng' \(did you mean 'decoding'\?\)"),
+        (("seed = 7", "seed = seven"), r"\[exp\] option seed: expected an integer, got 'seven'"),
+        (("arch_opt = adam", "arch_opt = adamw"), r"option arch_opt: 'adamw' is not accepted \(did you mean 'adam'\?\); expected one of sgd, adam"),
+        (("unit = ligru", "unit = lgru"), r"option unit: 'lgru' is not accepted \(did you mean 'ligru'\?\)"),
+        (("bidirectional = True,False", "bidirectional = True,False,True"), r"bidirectional: expected 1 or 2 values"),
+        (("bidirectional = True,False", "bidirectional = maybe"), "expected a boolean"),
+        (("backward = kalman", "backward = kalmann"), "backward must be one of"),
+        (("stack = rec,top", "stack = rec,tpo"), r"unknown architecture in stack 'tpo' \(did you mean 'top'\?\)"),
+        (("valid_with = train", "valid_with = dev"), r"unknown dataset for valid_with 'dev'"),
+        (("inputs = fbank,mfcc", "inputs = fbank,plp"), "unknown feature stream in inputs 'plp'"),
+        (("    cw_left=2", "    cw_lft=2"), r"unknown option 'cw_lft' \(did you mean 'cw_left'\?\)"),
+        (("out_folder = $BRU_TEST_EXP/demo", "out_folder = $BRU_NOT_SET/demo"), r"environment variable \$BRU_NOT_SET is not set"),
+    ],
+)
+def test_bad_configs_name_section_option_and_expectation(edit, message):
+    old, new = edit
+    assert old in BASE
+    with pytest.raises(ConfigError, match=message):
+        parse_config_text(BASE.replace(old, new, 1))
+
+
+def test_bad_override_syntax_and_section():
+    with pytest.raises(ConfigError, match="expected --section,option=value"):
+        parse_overrides(["--exp.seed=3"])
+    with pytest.raises(ConfigError, match="unknown section 'exq'"):
+        parse_config_text(BASE, parse_overrides(["--exq,seed=3"]))
+
+
+def test_missing_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        parse_config(tmp_path / "nope.cfg")
+
+
+def test_resolved_config_reads_back_identically(tmp_path):
+    cfg = parse_config_text(BASE)
+    path = tmp_path / "config.resolved.cfg"
+    write_resolved(cfg, path)
+    again = parse_config(path)
+    for name in ("exp", "data_use", "batches", "model", "forward", "decoding"):
+        assert getattr(again, name) == getattr(cfg, name), name
+    assert again.architectures == cfg.architectures
+    assert [dataclasses.asdict(d) for d in again.datasets] == [dataclasses.asdict(d) for d in cfg.datasets]
