@@ -1,0 +1,141 @@
+"""Error rates from Kaldi ``text`` files: WER/PER with Kaldi's ins/del/sub counts, per utterance.
+
+Alignment is kaldialign's (the same counts as Kaldi's ``compute-wer``). Each corpus has its own
+token filter, applied to references and hypotheses alike before alignment:
+
+* ``timit``: phones folded from the 48-phone training set to the 39 scoring classes
+  (Lee and Hon 1989, as Kaldi's TIMIT recipe, ``conf/phones.60-48-39.map``);
+* ``wsj``: ``<NOISE>`` and ``<SPOKEN_NOISE>`` removed, as Kaldi's WSJ scoring does;
+* ``ami``: hesitations and noise markers removed (``%HESITATION``, ``<unk>``, ``[noise]``, ...);
+* ``plain``: tokens as they are (the built-in corpus).
+
+An utterance with a reference but no hypothesis (a failed decode, or every token filtered away)
+counts as all deletions and is listed in :attr:`Score.missing`; it is never dropped silently.
+
+>>> refs = {"u1": "sil ao r ix sil".split(), "u2": "b zh".split()}
+>>> hyps = {"u1": "sil aa r ih".split()}
+>>> s = score(refs, hyps, "timit")
+>>> s.total.kaldi_line(), s.missing
+('%WER 42.86 [ 3 / 7, 0 ins, 3 del, 0 sub ]', ['u2'])
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import kaldialign
+
+# The 9 merges from the 48 TIMIT training phones to the 39 scoring classes (Lee and Hon 1989);
+# every other phone maps to itself.
+TIMIT_48_TO_39 = {
+    "ao": "aa", "ax": "ah", "el": "l", "en": "n", "ix": "ih", "zh": "sh",
+    "cl": "sil", "vcl": "sil", "epi": "sil",
+}
+WSJ_DROP = frozenset({"<NOISE>", "<SPOKEN_NOISE>"})
+AMI_DROP = frozenset({"%HESITATION", "<unk>", "<UNK>", "[noise]", "[laughter]", "[vocalized-noise]"})
+SCORINGS = ("timit", "wsj", "ami", "plain")
+
+
+def filter_tokens(tokens: Iterable[str], scoring: str) -> list[str]:
+    """Apply a corpus's scoring filter to a token sequence (see the module docstring)."""
+    if scoring == "timit":
+        return [TIMIT_48_TO_39.get(t, t) for t in tokens]
+    if scoring == "wsj":
+        return [t for t in tokens if t not in WSJ_DROP]
+    if scoring == "ami":
+        return [t for t in tokens if t not in AMI_DROP]
+    if scoring == "plain":
+        return list(tokens)
+    raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+
+
+@dataclass
+class ErrorCounts:
+    """Insertions, deletions and substitutions against ``ref_len`` reference tokens."""
+
+    ins: int = 0
+    dels: int = 0
+    subs: int = 0
+    ref_len: int = 0
+
+    @property
+    def errors(self) -> int:
+        return self.ins + self.dels + self.subs
+
+    @property
+    def rate(self) -> float:
+        """Error rate in percent (Kaldi prints 0 errors over 0 tokens as 0)."""
+        return 100.0 * self.errors / self.ref_len if self.ref_len else 0.0
+
+    def __add__(self, other: "ErrorCounts") -> "ErrorCounts":
+        return ErrorCounts(self.ins + other.ins, self.dels + other.dels, self.subs + other.subs, self.ref_len + other.ref_len)
+
+    def kaldi_line(self) -> str:
+        """Kaldi's compute-wer summary: ``%WER 12.34 [ 123 / 997, 10 ins, 20 del, 93 sub ]``."""
+        return f"%WER {self.rate:.2f} [ {self.errors} / {self.ref_len}, {self.ins} ins, {self.dels} del, {self.subs} sub ]"
+
+
+@dataclass
+class Score:
+    """A scored set: totals, per-utterance counts (for matched-pair tests) and what was missing."""
+
+    total: ErrorCounts
+    per_utterance: dict[str, ErrorCounts] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)  # references without a hypothesis
+    extra: list[str] = field(default_factory=list)  # hypotheses without a reference (not scored)
+
+
+def score(refs: Mapping[str, Sequence[str]], hyps: Mapping[str, Sequence[str]], scoring: str = "plain") -> Score:
+    """Align each reference with its hypothesis after the corpus filter; sum Kaldi-style counts."""
+    per_utterance, missing, total = {}, [], ErrorCounts()
+    for utt in sorted(refs):
+        ref = filter_tokens(refs[utt], scoring)
+        if utt not in hyps:
+            missing.append(utt)
+        hyp = filter_tokens(hyps.get(utt, ()), scoring)
+        d = kaldialign.edit_distance(ref, hyp)
+        counts = ErrorCounts(d["ins"], d["del"], d["sub"], len(ref))
+        per_utterance[utt] = counts
+        total = total + counts
+    extra = sorted(set(hyps) - set(refs))
+    return Score(total, per_utterance, missing, extra)
+
+
+def read_text(path) -> dict[str, list[str]]:
+    """Read a Kaldi ``text`` file (``utt-id token token ...`` per line) into token lists."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"transcript file {path} does not exist")
+    table = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] in table:
+            raise ValueError(f"{path}:{number}: utterance {parts[0]} appears twice")
+        table[parts[0]] = parts[1:]
+    return table
+
+
+def write_text(table: Mapping[str, Sequence[str]], path) -> None:
+    """Write token lists as a Kaldi ``text`` file, sorted by utterance id (C locale), atomically."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for utt in sorted(table):
+            f.write(" ".join([utt, *table[utt]]) + "\n")
+    os.replace(tmp, path)
+
+
+def write_per_utterance(result: Score, path) -> None:
+    """Per-utterance counts, one line each: ``utt ref_len errors ins del sub`` (for significance tests)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("# utt ref_len errors ins del sub\n")
+        for utt, c in sorted(result.per_utterance.items()):
+            f.write(f"{utt} {c.ref_len} {c.errors} {c.ins} {c.dels} {c.subs}\n")
+    os.replace(tmp, path)
