@@ -139,3 +139,33 @@ def write_per_utterance(result: Score, path) -> None:
         for utt, c in sorted(result.per_utterance.items()):
             f.write(f"{utt} {c.ref_len} {c.errors} {c.ins} {c.dels} {c.subs}\n")
     os.replace(tmp, path)
+
+
+def main(argv=None) -> None:
+    """Command line: ``filter SCORING`` (stdin to stdout, used by kaldi_decoding_scripts/score.sh) or ``score``."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    filtering = commands.add_parser("filter", help="apply a corpus filter to a Kaldi text stream on stdin")
+    filtering.add_argument("scoring", choices=SCORINGS)
+    scorer = commands.add_parser("score", help="score a hypothesis text file against a reference text file")
+    scorer.add_argument("--scoring", choices=SCORINGS, default="plain")
+    scorer.add_argument("ref")
+    scorer.add_argument("hyp")
+    args = parser.parse_args(argv)
+    if args.command == "filter":
+        for line in sys.stdin:
+            parts = line.split()
+            if parts:
+                print(" ".join([parts[0], *filter_tokens(parts[1:], args.scoring)]))
+        return
+    result = score(read_text(args.ref), read_text(args.hyp), args.scoring)
+    print(result.total.kaldi_line())
+    if result.missing:
+        print(f"{len(result.missing)} utterance(s) without a hypothesis, counted as deletions: {' '.join(result.missing[:10])}")
+
+
+if __name__ == "__main__":
+    main()
