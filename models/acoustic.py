@@ -1,0 +1,49 @@
+"""The acoustic model: recurrent stacks, a senone (pdf) output, and an optional monophone output."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from models.recurrent import RecurrentStack
+
+
+class AcousticModel(nn.Module):
+    """Stacks of recurrent layers applied in order, then linear outputs over senones (and monophones).
+
+    The monophone head is the auxiliary task of pytorch-kaldi's multi-task recipes: it shares every
+    recurrent layer and only adds its own output layer.
+
+    Shapes: ``x`` ``(B, T, F)``, ``lengths`` ``(B,)`` -> dict of logits, ``"senone"`` ``(B, T, num_senones)``
+    and, when ``num_mono`` is set, ``"mono"`` ``(B, T, num_mono)``.
+
+    >>> import models
+    >>> stack = models.build_stack("libru", 13, [8, 8])
+    >>> net = AcousticModel([stack], num_senones=20, num_mono=5)
+    >>> out = net(torch.randn(2, 7, 13), torch.tensor([7, 4]))
+    >>> out["senone"].shape, out["mono"].shape
+    (torch.Size([2, 7, 20]), torch.Size([2, 7, 5]))
+    """
+
+    def __init__(self, stacks: Sequence[RecurrentStack], num_senones: int, num_mono: Optional[int] = None):
+        super().__init__()
+        if not stacks:
+            raise ValueError("an acoustic model needs at least one stack of layers")
+        for before, after in zip(stacks, stacks[1:]):
+            if before.output_size != after.input_size:
+                raise ValueError(f"a stack of output size {before.output_size} feeds one of input size {after.input_size}")
+        self.stacks = nn.ModuleList(stacks)
+        width = stacks[-1].output_size
+        self.senone = nn.Linear(width, num_senones)
+        self.mono = nn.Linear(width, num_mono) if num_mono else None
+        self.input_size = stacks[0].input_size
+
+    def forward(self, x: torch.Tensor, lengths) -> dict[str, torch.Tensor]:
+        for stack in self.stacks:
+            x = stack(x, lengths)
+        out = {"senone": self.senone(x)}
+        if self.mono is not None:
+            out["mono"] = self.mono(x)
+        return out

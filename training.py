@@ -1,0 +1,140 @@
+"""Pieces of the training loop that run_exp.py shows in one place: loss, optimisers, learning-rate
+schedule, and atomic, resumable checkpoints.
+
+Everything that changes between epochs is a pure function of the config and the recorded history
+(as nanoGPT's ``get_lr(it)``), so a resumed run recomputes it instead of trusting saved state.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+IGNORE = -100  # label of padded frames: never enters the loss or the error
+
+
+# --------------------------------------------------------------------------- loss and error
+def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Mean cross-entropy and frame error over real frames only.
+
+    Args:
+        logits: ``(B, T, C)``.
+        labels: ``(B, T)`` class ids, ``IGNORE`` on padded frames.
+
+    Returns:
+        ``(loss, errors, frames)``: the mean loss (a scalar tensor with gradient), the number of
+        wrongly classified frames (a scalar tensor) and the number of real frames.
+
+    >>> logits = torch.tensor([[[2.0, 0.0], [0.0, 2.0], [9.0, -9.0]]])
+    >>> loss, errors, frames = masked_cross_entropy(logits, torch.tensor([[0, 0, IGNORE]]))
+    >>> int(errors), frames
+    (1, 2)
+    """
+    if labels.shape != logits.shape[:2]:
+        raise ValueError(f"labels of shape {tuple(labels.shape)} do not match logits {tuple(logits.shape)}")
+    real = labels != IGNORE
+    frames = int(real.sum())
+    if frames == 0:
+        raise ValueError("a batch without a single labelled frame")
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="sum") / frames
+    errors = ((logits.argmax(-1) != labels) & real).sum()
+    return loss, errors, frames
+
+
+# --------------------------------------------------------------------------- optimisers
+def make_optimizer(name: str, params, lr: float, arch) -> torch.optim.Optimizer:
+    """One optimiser per architecture, as pytorch-kaldi: ``arch`` carries its ``opt_*`` options."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=arch.opt_momentum, weight_decay=arch.opt_weight_decay,
+                               nesterov=arch.opt_nesterov)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=tuple(arch.opt_betas), eps=arch.opt_eps, weight_decay=arch.opt_weight_decay)
+    if name == "rmsprop":
+        return torch.optim.RMSprop(params, lr=lr, alpha=arch.opt_alpha, eps=arch.opt_eps, momentum=arch.opt_momentum,
+                                   centered=arch.opt_centered, weight_decay=arch.opt_weight_decay)
+    if name == "adadelta":
+        return torch.optim.Adadelta(params, lr=lr, rho=arch.opt_rho, eps=arch.opt_eps, weight_decay=arch.opt_weight_decay)
+    raise ValueError(f"optimizer must be one of sgd, adam, rmsprop, adadelta, got {name!r}")
+
+
+def learning_rate(initial: float, halving_factor: float, threshold: float, dev_errors: Sequence[float]) -> float:
+    """The learning rate for the epoch after ``dev_errors`` (one per finished epoch).
+
+    Halved (times ``halving_factor``) after every epoch whose relative dev improvement
+    ``(previous - current) / current`` fell under ``threshold``, as pytorch-kaldi and the TPAMI paper do.
+
+    >>> learning_rate(0.1, 0.5, 0.01, [0.5, 0.4, 0.399, 0.3])
+    0.05
+    """
+    lr = initial
+    for previous, current in zip(dev_errors, dev_errors[1:]):
+        if current <= 0 or (previous - current) / current < threshold:
+            lr *= halving_factor
+    return lr
+
+
+# --------------------------------------------------------------------------- seeds
+def seed_everything(seed: int, *keys: int) -> int:
+    """Seed Python, NumPy and torch from ``seed`` and position keys (epoch, chunk); returns the derived seed.
+
+    Seeding at every chunk boundary from (seed, epoch, chunk) makes a resumed run draw exactly the
+    dropout masks and batch order an uninterrupted one draws.
+    """
+    derived = int(np.random.SeedSequence([seed, *keys]).generate_state(1)[0])
+    random.seed(derived)
+    np.random.seed(derived)
+    torch.manual_seed(derived)
+    return derived
+
+
+# --------------------------------------------------------------------------- checkpoints
+@dataclass
+class Progress:
+    """Where training stands: the next (epoch, chunk) to run and the per-epoch history."""
+
+    epoch: int = 0
+    chunk: int = 0
+    history: list = field(default_factory=list)  # one dict per finished epoch (res.res values)
+    chunk_stats: list = field(default_factory=list)  # (loss_sum, errors, frames) of this epoch's finished chunks
+
+    def as_dict(self) -> dict:
+        return {"epoch": self.epoch, "chunk": self.chunk, "history": self.history, "chunk_stats": self.chunk_stats}
+
+
+def save_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer], progress: Progress,
+                    config_text: str) -> None:
+    """Write a checkpoint atomically: a temporary file in the same folder, then ``os.replace``."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizers": [o.state_dict() for o in optimizers],
+            "progress": progress.as_dict(),
+            "config": config_text,
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> Optional[Progress]:
+    """Restore ``model`` and ``optimizers`` from ``path`` (``weights_only=True``); ``None`` if there is none."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    if len(state["optimizers"]) != len(optimizers):
+        raise ValueError(f"{path}: {len(state['optimizers'])} optimiser states saved, the config has {len(optimizers)}")
+    for optimizer, saved in zip(optimizers, state["optimizers"]):
+        optimizer.load_state_dict(saved)
+    p = state["progress"]
+    return Progress(p["epoch"], p["chunk"], list(p["history"]), [tuple(s) for s in p["chunk_stats"]])
