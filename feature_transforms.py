@@ -1,0 +1,250 @@
+"""Kaldi's feature post-processing without Kaldi: ``apply-cmvn``, ``add-deltas``, ``splice-feats``.
+
+Each function takes and returns one utterance's ``(T, D)`` float32 matrix and follows Kaldi's
+arithmetic (transform/cmvn.cc, feat/feature-functions.cc); the tests compare them with
+kaldi-native-fbank to 1e-5. :func:`parse_fea_opts` turns a pytorch-kaldi ``fea_opts`` string,
+written either as the Kaldi commands it used to pipe through or as ``key=value`` pairs, into
+:class:`FeatureOptions`.
+
+>>> import numpy as np
+>>> x = np.arange(12, dtype=np.float32).reshape(4, 3)
+>>> apply_cmvn(x, compute_cmvn_stats(x)).mean(axis=0)
+array([0., 0., 0.], dtype=float32)
+>>> add_deltas(x, order=2, window=2).shape, splice(x, 2, 1).shape
+((4, 9), (4, 12))
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import numpy as np
+
+CMVN_MODES = ("none", "speaker", "utterance")
+
+
+@dataclass
+class FeatureOptions:
+    """Per-stream post-processing, applied in this order: CMVN, deltas (splicing is ``cw_left/right``).
+
+    Attributes:
+        cmvn: ``"speaker"`` (stats per speaker via ``utt2spk``), ``"utterance"`` or ``"none"``.
+        norm_means, norm_vars: what CMVN normalises (Kaldi's ``--norm-means``, ``--norm-vars``).
+        cmvn_stats: Kaldi CMVN stats (``scp:cmvn.scp``, ``ark:cmvn.ark``, or a path), keyed by speaker
+            for ``"speaker"`` and by utterance for ``"utterance"``. Empty: for ``"speaker"`` the
+            ``cmvn.scp`` beside ``feats.scp`` if there is one, else stats computed from the features;
+            for ``"utterance"`` the utterance's own stats.
+        utt2spk: the utt2spk file; empty means the one beside ``feats.scp``.
+        delta_order, delta_window: ``add-deltas --delta-order --delta-window`` (order 0: none).
+    """
+
+    cmvn: str = "none"
+    norm_means: bool = True
+    norm_vars: bool = False
+    cmvn_stats: str = ""
+    utt2spk: str = ""
+    delta_order: int = 0
+    delta_window: int = 2
+
+    def __post_init__(self):
+        if self.cmvn not in CMVN_MODES:
+            raise ValueError(f"fea_opts cmvn: expected one of {', '.join(CMVN_MODES)}, got {self.cmvn!r}")
+        if self.norm_vars and not self.norm_means:
+            raise ValueError("fea_opts: norm_vars=true needs norm_means=true (as Kaldi's apply-cmvn)")
+        if not 0 <= self.delta_order <= 3 or self.delta_window < 1:
+            raise ValueError(f"fea_opts: expected delta_order in 0..3 and delta_window >= 1, "
+                             f"got {self.delta_order} and {self.delta_window}")
+
+
+# --------------------------------------------------------------------------- fea_opts strings
+def _bool(text: str, where: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(f"fea_opts {where}: expected true or false, got {text!r}")
+
+
+def _strip_ark(spec: str) -> str:
+    return spec.split(":", 1)[1] if spec.split(":", 1)[0] in ("ark", "scp", "ark,s,cs", "ark,t") else spec
+
+
+def _parse_kaldi_commands(text: str) -> FeatureOptions:
+    values: dict = {}
+    for command in filter(None, (c.strip() for c in text.split("|"))):
+        words = shlex.split(command)
+        name, args = words[0], words[1:]
+        options = dict(a[2:].split("=", 1) for a in args if a.startswith("--") and "=" in a)
+        positional = [a for a in args if not a.startswith("--")]
+        if name == "apply-cmvn":
+            known = {"utt2spk", "norm-means", "norm-vars"}
+            if set(options) - known:
+                raise ValueError(f"fea_opts apply-cmvn: unsupported options {sorted(set(options) - known)}")
+            if not positional or positional[0] in ("ark:-", "-"):
+                raise ValueError("fea_opts apply-cmvn: expected the CMVN stats (e.g. scp:data/train/cmvn.scp) first")
+            values["cmvn_stats"] = positional[0]
+            values["utt2spk"] = _strip_ark(options.get("utt2spk", ""))
+            # Kaldi: stats are per speaker exactly when --utt2spk is given, else keyed by utterance
+            values["cmvn"] = "speaker" if values["utt2spk"] else "utterance"
+            values["norm_means"] = _bool(options.get("norm-means", "true"), "--norm-means")
+            values["norm_vars"] = _bool(options.get("norm-vars", "false"), "--norm-vars")
+        elif name == "add-deltas":
+            if set(options) - {"delta-order", "delta-window"}:
+                raise ValueError(f"fea_opts add-deltas: unsupported options {sorted(set(options))}")
+            values["delta_order"] = int(options.get("delta-order", 2))
+            values["delta_window"] = int(options.get("delta-window", 2))
+        else:
+            raise ValueError(f"fea_opts: {name} is not one of apply-cmvn, add-deltas (splicing is cw_left/cw_right; "
+                             "run any other Kaldi pipeline by giving it as fea_lst, e.g. 'ark:copy-feats ... |')")
+    return FeatureOptions(**values)
+
+
+def parse_fea_opts(text: str) -> FeatureOptions:
+    """Parse a ``fea_opts`` string into :class:`FeatureOptions`.
+
+    Two spellings are accepted: pytorch-kaldi's Kaldi commands, and ``key=value`` pairs named as the
+    fields of :class:`FeatureOptions`.
+
+    >>> parse_fea_opts("apply-cmvn --utt2spk=ark:data/train/utt2spk scp:data/train/cmvn.scp ark:- ark:- "
+    ...                "| add-deltas --delta-order=2 ark:- ark:- |").cmvn
+    'speaker'
+    >>> o = parse_fea_opts("cmvn=utterance norm_vars=true delta_order=1")
+    >>> o.cmvn, o.norm_means, o.norm_vars, o.delta_order, o.delta_window
+    ('utterance', True, True, 1, 2)
+    """
+    text = (text or "").strip()
+    if not text:
+        return FeatureOptions()
+    first = text.split()[0]
+    if "=" not in first or first.startswith("--"):
+        return _parse_kaldi_commands(text)
+    kinds = {f.name: f.type for f in fields(FeatureOptions)}
+    values: dict = {}
+    for pair in text.split():
+        key, sep, value = pair.partition("=")
+        if not sep or key not in kinds:
+            raise ValueError(f"fea_opts: unknown option {key!r}; expected key=value with keys {', '.join(kinds)}")
+        kind = kinds[key]
+        values[key] = _bool(value, key) if kind in (bool, "bool") else int(value) if kind in (int, "int") else value
+    return FeatureOptions(**values)
+
+
+# --------------------------------------------------------------------------- CMVN
+def compute_cmvn_stats(feats: np.ndarray) -> np.ndarray:
+    """Kaldi CMVN stats of ``(T, D)`` frames: ``(2, D + 1)`` float64, sums, sums of squares, count."""
+    feats = np.asarray(feats, dtype=np.float64)
+    stats = np.zeros((2, feats.shape[1] + 1))
+    stats[0, :-1] = feats.sum(axis=0)
+    stats[1, :-1] = np.square(feats).sum(axis=0)
+    stats[0, -1] = len(feats)
+    return stats
+
+
+def apply_cmvn(feats: np.ndarray, stats: np.ndarray, norm_means: bool = True, norm_vars: bool = False) -> np.ndarray:
+    """Kaldi's ``ApplyCmvn``: ``(T, D)`` float32 -> ``(T, D)`` float32.
+
+    Args:
+        feats: ``(T, D)`` frames.
+        stats: ``(2, D + 1)`` (or ``(1, D + 1)`` for means only) Kaldi CMVN stats.
+    """
+    if not norm_means:
+        return np.asarray(feats, dtype=np.float32)
+    stats = np.asarray(stats, dtype=np.float64)
+    dim = stats.shape[1] - 1
+    if feats.shape[1] != dim or stats.shape[0] not in (1, 2) or (norm_vars and stats.shape[0] != 2):
+        raise ValueError(f"CMVN stats of shape {stats.shape} do not fit features of shape {feats.shape}")
+    count = stats[0, dim]
+    if count < 1.0:  # Kaldi refuses: "Insufficient stats for cepstral mean and variance normalization"
+        raise ValueError(f"CMVN stats with a frame count of {count} (at least 1 needed)")
+    mean = stats[0, :dim] / count
+    scale = np.ones(dim)
+    if norm_vars:
+        variance = np.maximum(stats[1, :dim] / count - mean * mean, 1e-20)  # Kaldi floors the variance at 1e-20
+        scale = 1.0 / np.sqrt(variance)
+    # as Kaldi, offset and scale are computed in double, stored in float, applied in float
+    offset, scale = (-mean * scale).astype(np.float32), scale.astype(np.float32)
+    return np.asarray(feats, dtype=np.float32) * scale + offset
+
+
+# --------------------------------------------------------------------------- deltas and splicing
+def _edge_padded(feats: np.ndarray, left: int, right: int) -> np.ndarray:
+    # Kaldi repeats the first and last frame where a window reaches past the utterance
+    return np.pad(np.asarray(feats, dtype=np.float32), ((left, right), (0, 0)), mode="edge")
+
+
+@functools.lru_cache(maxsize=None)
+def delta_scales(order: int, window: int) -> tuple[tuple[float, ...], ...]:
+    """Kaldi's ``DeltaFeatures`` filters: ``scales[i]`` has ``2 * i * window + 1`` taps."""
+    scales = [np.ones(1)]
+    ramp = np.arange(-window, window + 1, dtype=np.float64)
+    for _ in range(order):
+        scales.append(np.convolve(scales[-1], ramp) / np.square(ramp).sum())
+    return tuple(tuple(s.tolist()) for s in scales)  # immutable: the result is cached
+
+
+def add_deltas(feats: np.ndarray, order: int = 2, window: int = 2) -> np.ndarray:
+    """``add-deltas``: ``(T, D)`` -> ``(T, D * (order + 1))``, blocks ``[x, delta, delta-delta, ...]``."""
+    feats = np.asarray(feats, dtype=np.float32)
+    if order == 0:
+        return feats
+    T = len(feats)
+    reach = order * window
+    padded = _edge_padded(feats, reach, reach)
+    blocks = [feats]
+    for scale in delta_scales(order, window)[1:]:
+        half = len(scale) // 2
+        block = np.zeros_like(feats)
+        for j, s in enumerate(scale):
+            if s != 0.0:
+                start = reach - half + j
+                block += np.float32(s) * padded[start:start + T]
+        blocks.append(block)
+    return np.concatenate(blocks, axis=1)
+
+
+def splice(feats: np.ndarray, left: int, right: int) -> np.ndarray:
+    """``splice-feats``: ``(T, D)`` -> ``(T, D * (left + 1 + right))``, frames ``t-left .. t+right``."""
+    feats = np.asarray(feats, dtype=np.float32)
+    if left == 0 and right == 0:
+        return feats
+    if left < 0 or right < 0:
+        raise ValueError(f"context widths must be >= 0, got cw_left={left}, cw_right={right}")
+    T = len(feats)
+    padded = _edge_padded(feats, left, right)
+    return np.concatenate([padded[j:j + T] for j in range(left + 1 + right)], axis=1)
+
+
+# --------------------------------------------------------------------------- global normalisation
+@dataclass
+class GlobalNorm:
+    """Mean and standard deviation per dimension, ``(F,)`` each, estimated on the training data only.
+
+    pytorch-kaldi normalised each chunk with its own statistics, dev and test chunks included; here
+    the statistics are computed once (real frames only, never padding) and handed to every set.
+    """
+
+    mean: np.ndarray
+    std: np.ndarray
+
+    @classmethod
+    def from_sums(cls, total: np.ndarray, squares: np.ndarray, count: int, floor: float = 1e-5) -> "GlobalNorm":
+        if count < 2:
+            raise ValueError(f"global normalisation needs at least 2 frames, got {count}")
+        mean = total / count
+        std = np.sqrt(np.maximum(squares / count - mean * mean, floor * floor))
+        return cls(mean.astype(np.float32), std.astype(np.float32))
+
+    def apply(self, feats: np.ndarray) -> np.ndarray:
+        """``(T, F)`` -> ``(T, F)`` float32."""
+        if feats.shape[-1] != len(self.mean):
+            raise ValueError(f"global normalisation of dimension {len(self.mean)}, features of shape {feats.shape}")
+        return ((feats - self.mean) / self.std).astype(np.float32)
+
+
+def cmvn_stats_sum(stats: Optional[np.ndarray], feats: np.ndarray) -> np.ndarray:
+    """Add the CMVN stats of ``feats`` to ``stats`` (Kaldi's ``compute-cmvn-stats --spk2utt``)."""
+    new = compute_cmvn_stats(feats)
+    return new if stats is None else stats + new
