@@ -1,0 +1,166 @@
+"""Stage 2: Kaldi features and per-speaker CMVN statistics for every split.
+
+Two feature types, both with kaldi-native-fbank and Kaldi's defaults (``compute-fbank-feats``,
+``compute-mfcc-feats``: 25 ms Povey window every 10 ms, pre-emphasis 0.97, DC removal,
+``snip_edges=true``, mel bins from 20 Hz to Nyquist) except:
+
+* ``dither = 0``: Kaldi's default (1.0) adds random noise; without it the archives are
+  byte-identical run to run (the noise added by the synthesis stage already fills empty bins);
+* fbank: 40 mel bins (``--num-mel-bins=40``, as TIMIT hybrid systems use); MFCC keeps Kaldi's
+  23 bins, 13 cepstra and ``--use-energy=true``.
+
+Samples are fed on the int16 scale, as Kaldi reads wav files. Per split, as Kaldi's
+``make_fbank.sh`` / ``compute_cmvn_stats.sh --spk2utt`` leave it:
+
+* ``data/<split>/feats.scp`` + ``cmvn.scp``: 40-dim log mel filterbank (the toolkit's default input);
+* ``data/<split>/feats_mfcc.scp`` + ``cmvn_mfcc.scp``: 13-dim MFCC;
+* the archives in ``data/<split>/data/`` (one per job), ``utt2num_frames``, ``utt2dur``.
+
+CMVN statistics are Kaldi's: a (2, dim + 1) double matrix per speaker, row 0 the sums and the
+frame count, row 1 the sums of squares.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from recipes.mini_timit.local.layout import SIZES, SPLITS, read_table, run_stage, stage_args, write_table
+from recipes.mini_timit.local.synthesize import split_by_speaker
+
+FEATURES = ("fbank", "mfcc")
+SCP_NAMES = {"fbank": ("feats.scp", "cmvn.scp"), "mfcc": ("feats_mfcc.scp", "cmvn_mfcc.scp")}
+
+
+def extractor_options(kind: str):
+    """kaldi-native-fbank options: Kaldi's defaults, dither 0, 40 bins for fbank (see module doc)."""
+    import kaldi_native_fbank as knf
+
+    opts = knf.FbankOptions() if kind == "fbank" else knf.MfccOptions()
+    opts.frame_opts.samp_freq = 16000
+    opts.frame_opts.dither = 0.0
+    opts.frame_opts.snip_edges = True
+    opts.mel_opts.low_freq, opts.mel_opts.high_freq = 20.0, 0.0
+    if kind == "fbank":
+        opts.mel_opts.num_bins = 40
+        opts.use_energy = False
+    else:
+        opts.mel_opts.num_bins = 23
+        opts.num_ceps, opts.use_energy, opts.cepstral_lifter = 13, True, 22.0
+    return opts
+
+
+def compute(kind: str, samples: np.ndarray) -> np.ndarray:
+    """Features (T, D) float32 of int16-scale ``samples`` (N,)."""
+    import kaldi_native_fbank as knf
+
+    extractor = (knf.OnlineFbank if kind == "fbank" else knf.OnlineMfcc)(extractor_options(kind))
+    extractor.accept_waveform(16000, samples.astype(np.float32))
+    extractor.input_finished()
+    n = extractor.num_frames_ready
+    return np.stack([extractor.get_frame(i) for i in range(n)]).astype(np.float32)
+
+
+def read_wav(path: str) -> np.ndarray:
+    """int16 samples of a 16 kHz mono wav, as float32 on the int16 scale."""
+    with wave.open(path, "rb") as w:
+        if (w.getnchannels(), w.getsampwidth(), w.getframerate()) != (1, 2, 16000):
+            raise ValueError(f"{path}: expected 16-bit mono at 16 kHz")
+        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32)
+
+
+def feature_job(task: dict) -> dict[str, tuple[int, int]]:
+    """Write one job's archives (ark + scp per feature type); returns (frames, samples) per utterance."""
+    import kaldiio
+
+    frames = {}
+    writers = {}
+    for kind in FEATURES:
+        ark = Path(task["dir"]) / f"raw_{kind}_{task['split']}.{task['job']}"
+        writers[kind] = (ark, kaldiio.WriteHelper(f"ark,scp:{ark}.ark.tmp,{ark}.scp.tmp"))
+    for utt, wav in task["utts"]:
+        samples = read_wav(wav)
+        for kind in FEATURES:
+            feats = compute(kind, samples)
+            writers[kind][1](utt, feats)
+            frames[utt] = (len(feats), len(samples))
+    for kind, (ark, writer) in writers.items():
+        writer.close()
+        # the scp names the archive by its final name
+        scp = Path(f"{ark}.scp.tmp").read_text().replace(f"{ark}.ark.tmp:", f"{ark}.ark:")
+        os.replace(f"{ark}.ark.tmp", f"{ark}.ark")
+        Path(f"{ark}.scp.tmp").write_text(scp)
+        os.replace(f"{ark}.scp.tmp", f"{ark}.scp")
+    return frames
+
+
+def cmvn_stats(feats: list[np.ndarray]) -> np.ndarray:
+    """Kaldi's CMVN statistics of a speaker's utterances: (2, D + 1) float64."""
+    x = np.concatenate(feats).astype(np.float64)
+    stats = np.zeros((2, x.shape[1] + 1))
+    stats[0, :-1], stats[0, -1] = x.sum(0), len(x)
+    stats[1, :-1] = (x ** 2).sum(0)
+    return stats
+
+
+def write_cmvn(data: Path, split: str, kind: str) -> None:
+    """Per-speaker CMVN stats archive of one split and feature type, and its scp."""
+    import kaldiio
+
+    feats = kaldiio.load_scp(str(data / SCP_NAMES[kind][0]))
+    ark = data / "data" / f"cmvn_{kind}_{split}"
+    with kaldiio.WriteHelper(f"ark,scp:{ark}.ark.tmp,{ark}.scp.tmp") as writer:
+        for spk, utts in read_table(data / "spk2utt").items():
+            writer(spk, cmvn_stats([feats[u] for u in utts.split()]))
+    os.replace(f"{ark}.ark.tmp", f"{ark}.ark")
+    scp = Path(f"{ark}.scp.tmp").read_text().replace(f"{ark}.ark.tmp:", f"{ark}.ark:")
+    Path(f"{ark}.scp.tmp").unlink()
+    write_table(data / SCP_NAMES[kind][1], read_table_text(scp))
+
+
+def read_table_text(text: str) -> dict[str, str]:
+    """A Kaldi table given as text."""
+    return dict(line.split(" ", 1) for line in text.splitlines() if line)
+
+
+def main() -> None:
+    args = stage_args(2, __doc__.splitlines()[0])
+    size = SIZES[args.size]
+    root = args.root.resolve()
+    with run_stage(root, 2, args.size, args.seed, inputs=(1,)) as run:
+        if not run:
+            return
+        tasks = []
+        for split in SPLITS:
+            data = root / "data" / split
+            (data / "data").mkdir(parents=True, exist_ok=True)
+            wavs = read_table(data / "wav.scp")
+            for job, utts in enumerate(split_by_speaker(sorted(wavs), size.num_jobs), 1):
+                tasks.append(dict(split=split, job=job, dir=str(data / "data"), utts=[(u, wavs[u]) for u in utts]))
+        cores = len(os.sched_getaffinity(0))
+        with multiprocessing.get_context("fork").Pool(min(cores, len(tasks))) as pool:
+            results = pool.map(feature_job, tasks, chunksize=1)
+        for split in SPLITS:
+            data = root / "data" / split
+            frames = {}
+            for task, result in zip(tasks, results):
+                if task["split"] == split:
+                    frames.update(result)
+            for kind in FEATURES:
+                scp = {}
+                for task in tasks:
+                    if task["split"] == split:
+                        scp.update(read_table(Path(task["dir"]) / f"raw_{kind}_{split}.{task['job']}.scp"))
+                write_table(data / SCP_NAMES[kind][0], scp)
+                write_cmvn(data, split, kind)
+            write_table(data / "utt2num_frames", {u: str(n) for u, (n, _) in frames.items()})
+            write_table(data / "utt2dur", {u: f"{samples / 16000:.4f}" for u, (_, samples) in frames.items()})
+            print(f"{split}: {len(frames)} utterances, {sum(n for n, _ in frames.values())} frames")
+
+
+if __name__ == "__main__":
+    main()

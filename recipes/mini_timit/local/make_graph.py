@@ -1,0 +1,104 @@
+"""Stage 5: the decoding graph ``exp/mono/graph``, the steps of Kaldi's ``utils/mkgraph.sh``.
+
+With kaldi-hmm-gmm and kaldifst in place of Kaldi's binaries (mono: context width 1)::
+
+    LG    = fstminimizeencoded(fstdeterminizestar --use-log(fsttablecompose L_disambig G))
+    CLG   = fstcomposecontext --context-size=1 --central-position=0 LG          (+ ilabels)
+    Ha    = make-h-transducer --transition-scale=1.0 ilabels tree final.mdl    (+ disambig_tid)
+    HCLGa = fstminimizeencoded(fstrmepslocal(fstrmsymbols disambig_tid (fstdeterminizestar --use-log(Ha o CLG))))
+    HCLG  = add-self-loops --self-loop-scale=0.1 --reorder=true final.mdl HCLGa
+
+``fstpushspecial`` (weight pushing for speed) has no counterpart and is left out: it moves weights
+along paths without changing any path's total, so the best path is the same. ``fstrmepslocal``
+becomes a full ``rmepsilon``, which is exact too. Writes ``HCLG.fst``, ``words.txt``,
+``phones.txt``, ``phones/`` (copied from the lang dir), ``disambig_tid.int`` and ``num_pdfs``.
+
+Runs in its own process: it imports kaldi_hmm_gmm first and kaldifst second (some import orders
+of these packages hang, see the field notes).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import kaldi_hmm_gmm as khg  # first: see the module docstring
+import kaldifst
+
+from recipes.mini_timit.local.layout import atomic_write_text, run_stage, stage_args
+from recipes.mini_timit.local.make_mono import build_model
+
+
+def read_fst(path: Path) -> kaldifst.StdVectorFst:
+    """Read a binary FST, naming the file when it is missing."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no such FST {path}")
+    return kaldifst.StdVectorFst.read(str(path))
+
+
+def remove_input_symbols(fst: kaldifst.StdVectorFst, symbols: set[int]) -> kaldifst.StdVectorFst:
+    """fstrmsymbols: replace the given input labels by epsilon (kaldifst has no such call)."""
+    out = kaldifst.StdVectorFst()
+    for _ in range(fst.num_states):
+        out.add_state()
+    out.start = fst.start
+    for state in range(fst.num_states):
+        final = fst.final(state)
+        if final.value != float("inf"):
+            out.set_final(state=state, weight=final.value)
+        for arc in kaldifst.ArcIterator(fst, state):
+            ilabel = 0 if arc.ilabel in symbols else arc.ilabel
+            out.add_arc(state=state, arc=kaldifst.StdArc(ilabel, arc.olabel, arc.weight.value, arc.nextstate))
+    return out
+
+
+def make_hclg(lang: Path, tree, tm) -> tuple[kaldifst.StdVectorFst, list[int]]:
+    """HCLG.fst of a monophone model and its disambiguation transition-ids (see module doc)."""
+    phone_ids = dict(line.split() for line in (lang / "phones.txt").read_text().splitlines())
+    disambig = [int(i) for p, i in phone_ids.items() if p.startswith("#")]
+
+    lg = kaldifst.compose(read_fst(lang / "L_disambig.fst"), read_fst(lang / "G.fst"))
+    kaldifst.determinize_star(lg, use_log=True)
+    kaldifst.minimize_encoded(lg)
+
+    clg, ilabels = kaldifst.compose_context(disambig_syms=disambig, context_width=tree.context_width,
+                                            central_position=tree.central_position, ifst=lg)
+    kaldifst.arcsort(clg, sort_type="ilabel")
+
+    ha, disambig_tid = khg.get_h_transducer(ilabel_info=ilabels, ctx_dep=tree, trans_model=tm,
+                                            config=khg.HTransducerConfig(transition_scale=1.0))
+    hclga = kaldifst.compose(ha, clg)
+    kaldifst.determinize_star(hclga, use_log=True)
+    hclga = remove_input_symbols(hclga, set(disambig_tid))
+    kaldifst.rmepsilon(hclga)
+    kaldifst.minimize_encoded(hclga)
+    hclg = khg.add_self_loops(self_loop_scale=0.1, disambig_syms=[], reorder=True, trans_model=tm, ifst=hclga)
+    return hclg, list(disambig_tid)
+
+
+def main() -> None:
+    args = stage_args(5, __doc__.splitlines()[0])
+    root = args.root.resolve()
+    with run_stage(root, 5, args.size, args.seed, inputs=(3, 4)) as run:
+        if not run:
+            return
+        lang, graph = root / "data" / "lang", root / "exp" / "mono" / "graph"
+        _, tree, tm = build_model(lang)
+        hclg, disambig_tid = make_hclg(lang, tree, tm)
+        graph.mkdir(parents=True, exist_ok=True)
+        tmp = graph / "HCLG.fst.tmp"
+        hclg.write(str(tmp))
+        os.replace(tmp, graph / "HCLG.fst")
+        for name in ("words.txt", "phones.txt"):
+            shutil.copyfile(lang / name, graph / name)
+        if (graph / "phones").exists():
+            shutil.rmtree(graph / "phones")
+        shutil.copytree(lang / "phones", graph / "phones")
+        atomic_write_text(graph / "disambig_tid.int", "".join(f"{t}\n" for t in disambig_tid))
+        atomic_write_text(graph / "num_pdfs", f"{tm.num_pdfs}\n")
+        print(f"HCLG: {hclg.num_states} states; {tm.num_pdfs} pdfs, {tm.num_transition_ids} transition-ids")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Stage 4: the monophone model ``exp/mono`` and the alignments ``exp/mono_ali_<split>``.
+
+The model is what Kaldi's ``gmm-init-mono`` starts from, without Gaussians: a monophone tree
+(``tree``) and a TransitionModel over ``data/lang/topo`` (``final.mdl``), both from kaldi-hmm-gmm.
+Alignments need no acoustic model: the synthesiser says where every phone is
+(``data/local/<split>/phone_segments.txt``). A frame belongs to the phone under its centre; each
+phone's frames are cut into its HMM states in equal parts; every frame gets the transition-id of
+the transition it leaves by (the self-loop, or the forward transition on a state's last frame), as
+in a Kaldi alignment. Phones shorter than their number of states borrow frames from neighbours.
+
+Writes ``exp/mono/{final.mdl,tree,phones.txt,num_pdfs}`` and, per split,
+``exp/mono_ali_<split>/{ali.N.gz,num_jobs,final.mdl,tree,phones.txt}``: gzipped Kaldi archives of
+int32 transition-id vectors, one per speaker-split job, as ``align_si.sh`` leaves them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from recipes.mini_timit.local.layout import SIZES, SPLITS, atomic_write_text, read_table, run_stage, stage_args
+from recipes.mini_timit.local.synthesize import split_by_speaker
+from transition_model import write_transition_model
+
+FRAME_SHIFT, FRAME_LENGTH = 160, 400  # samples at 16 kHz; snip_edges=true
+
+
+def build_model(lang: Path):
+    """(topology, tree, TransitionModel) of a monophone system over ``lang/topo``."""
+    import kaldi_hmm_gmm as khg
+
+    topo = khg.HmmTopology()
+    topo.read((lang / "topo").read_text())
+    tree = khg.monophone_context_dependency(topo.phones, topo.get_phone_to_num_pdf_classes())
+    return topo, tree, khg.TransitionModel(tree, topo)
+
+
+def transition_table(topo, tm) -> dict[tuple[int, int, int], int]:
+    """``(phone, hmm_state, next_state) -> transition-id`` for every transition of the model.
+
+    kaldi-hmm-gmm does not expose the (phone, hmm-state) of a transition state; for a monophone
+    model the transition states of a phone are numbered in HMM-state order, which gives it.
+    """
+    table, seen_states = {}, {}
+    for tid in range(1, tm.num_transition_ids + 1):
+        phone, state = tm.transition_id_to_phone(tid), tm.id2state[tid]
+        hmm_state = seen_states.setdefault(phone, {}).setdefault(state, len(seen_states[phone]))
+        index = tid - tm.state2id[state]
+        dest = topo.topology_for_phone(phone)[hmm_state].transitions[index][0]
+        if tm.is_self_loop(tid) != (dest == hmm_state):
+            raise RuntimeError(f"transition-id {tid}: phone {phone} state {hmm_state} -> {dest} disagrees with the model")
+        table[phone, hmm_state, dest] = tid
+    return table
+
+
+def phone_frames(segments: list[tuple[str, int, int]], num_frames: int, min_frames: dict[str, int], utt: str) -> list[int]:
+    """Frames per phone: the phone under each frame's centre, then short phones lengthened."""
+    centre = np.arange(num_frames) * FRAME_SHIFT + FRAME_LENGTH // 2
+    ends = np.array([end for _, _, end in segments])
+    counts = np.bincount(np.searchsorted(ends, centre, side="right").clip(max=len(segments) - 1), minlength=len(segments))
+    need = np.array([min_frames[p] for p, _, _ in segments])
+    if need.sum() > num_frames:
+        raise ValueError(f"utterance {utt}: {len(segments)} phones need {need.sum()} frames, it has {num_frames}")
+    # a short phone takes frames from the neighbour with the most to spare; the silences at both ends
+    # (25 frames of padding) make sure some neighbour always has frames to give
+    for _ in range(4 * len(segments)):
+        short = np.nonzero(counts < need)[0]
+        if len(short) == 0:
+            return counts.tolist()
+        for i in short:
+            while counts[i] < need[i]:
+                left = counts[i - 1] - need[i - 1] if i > 0 else -1
+                right = counts[i + 1] - need[i + 1] if i + 1 < len(counts) else -1
+                donor = i - 1 if left >= right else i + 1
+                counts[donor] -= 1
+                counts[i] += 1
+    raise ValueError(f"utterance {utt}: could not give every phone its minimum number of frames")
+
+
+def align(segments, num_frames, phone_ids, num_states, table, utt) -> np.ndarray:
+    """The transition-id of every frame (num_frames,) int32 of one utterance."""
+    min_frames = {p: num_states[phone_ids[p]] for p, _, _ in segments}
+    tids = []
+    for (phone, _, _), n in zip(segments, phone_frames(segments, num_frames, min_frames, utt)):
+        pid, states = phone_ids[phone], num_states[phone_ids[phone]]
+        cuts = [round(k * n / states) for k in range(states + 1)]  # equal parts, each >= 1 frame as n >= states
+        for s in range(states):
+            length = cuts[s + 1] - cuts[s]
+            tids += [table[pid, s, s]] * (length - 1) + [table[pid, s, s + 1]]
+    return np.asarray(tids, dtype=np.int32)
+
+
+def write_gzip_ark(path: Path, vectors: dict[str, np.ndarray]) -> None:
+    """A gzipped binary Kaldi archive of int32 vectors (ali.N.gz); mtime 0 keeps it byte-identical."""
+    import kaldiio
+
+    buffer = io.BytesIO()
+    kaldiio.save_ark(buffer, {k: vectors[k] for k in sorted(vectors, key=str.encode)})
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+        gz.write(buffer.getvalue())
+    os.replace(tmp, path)
+
+
+def write_model(tm, tree, mono: Path) -> None:
+    """final.mdl (Kaldi TransitionModel) and tree (binary ContextDependency) into ``mono``."""
+    mono.mkdir(parents=True, exist_ok=True)
+    tmp = mono / "tree.tmp"
+    tree.write(binary=True, filename=str(tmp))
+    os.replace(tmp, mono / "tree")
+    # Kaldi's binary format, through the project's writer (kaldi-hmm-gmm writes only text)
+    write_transition_model(tm, mono / "final.mdl", binary=True)
+    atomic_write_text(mono / "num_pdfs", f"{tm.num_pdfs}\n")
+
+
+def main() -> None:
+    args = stage_args(4, __doc__.splitlines()[0])
+    size = SIZES[args.size]
+    root = args.root.resolve()
+    with run_stage(root, 4, args.size, args.seed, inputs=(2, 3)) as run:
+        if not run:
+            return
+        lang, mono = root / "data" / "lang", root / "exp" / "mono"
+        topo, tree, tm = build_model(lang)
+        write_model(tm, tree, mono)
+        shutil.copyfile(lang / "phones.txt", mono / "phones.txt")
+        table = transition_table(topo, tm)
+        phone_ids = {p: int(i) for p, i in read_table(lang / "phones.txt").items()}
+        num_states = dict(zip(topo.phones, topo.get_phone_to_num_pdf_classes()[1:]))
+        for split in SPLITS:
+            ali_dir = root / "exp" / f"mono_ali_{split}"
+            ali_dir.mkdir(parents=True, exist_ok=True)
+            frames = {u: int(n) for u, n in read_table(root / "data" / split / "utt2num_frames").items()}
+            segs = {}
+            for utt, row in read_table(root / "data" / "local" / split / "phone_segments.txt").items():
+                f = row.split()
+                segs[utt] = [(f[i], int(f[i + 1]), int(f[i + 2])) for i in range(0, len(f), 3)]
+            if set(segs) != set(frames):
+                raise ValueError(f"{split}: phone_segments.txt and utt2num_frames list different utterances")
+            jobs = split_by_speaker(sorted(frames, key=str.encode), size.num_jobs)
+            for job, utts in enumerate(jobs, 1):
+                write_gzip_ark(ali_dir / f"ali.{job}.gz",
+                               {u: align(segs[u], frames[u], phone_ids, num_states, table, u) for u in utts})
+            for name in ("final.mdl", "tree", "phones.txt"):
+                shutil.copyfile(mono / name, ali_dir / name)
+            atomic_write_text(ali_dir / "num_jobs", f"{len(jobs)}\n")
+            print(f"{split}: {len(frames)} alignments in {len(jobs)} archives")
+
+
+if __name__ == "__main__":
+    main()

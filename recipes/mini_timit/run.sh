@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The built-in corpus: a TIMIT-like Kaldi experiment made without Kaldi (see README.md beside this).
+#
+#   0 prepare_text   speakers (espeak-ng voices) and sentences (wonderwords word lists)
+#   1 synthesize     espeak-ng speech, 16 kHz, channel/reverb/noise; wav.scp text utt2spk spk2utt
+#   2 make_features  40-dim fbank (feats.scp) and 13-dim MFCC (feats_mfcc.scp), per-speaker CMVN
+#   3 prepare_lang   data/lang (phones.txt words.txt topo L.fst) and a phone bigram G.fst
+#   4 make_mono      exp/mono/{final.mdl,tree}, exp/mono_ali_{train,dev,test}/ali.N.gz
+#   5 make_graph     exp/mono/graph/HCLG.fst (as utils/mkgraph.sh)
+#   6 check          every table reads back, alignments fit the features, oracle decode PER < 1 %
+#
+# A stage whose outputs are complete is skipped; running a stage again invalidates the later ones.
+
+# Begin configuration section.
+stage=0
+stop_stage=6
+size=default    # default: ~1 hour of training speech; tiny: for tests
+seed=1
+# End configuration section.
+
+set -euo pipefail
+echo "$0 $*"  # the command line, for the log
+
+usage() {
+  cat >&2 <<USAGE
+Usage: $0 [options] [<root>]
+ e.g.: $0 --size tiny --stage 0 --stop-stage 6 /tmp/mini_timit
+<root> holds data/ and exp/ (default: the folder of this script).
+Options (defaults in brackets):
+  --stage N        [$stage]     first stage to run (0-6)
+  --stop-stage N   [$stop_stage]     last stage to run (0-6)
+  --size S         [$size]  default or tiny
+  --seed N         [$seed]     seed of every random choice
+USAGE
+  exit 1
+}
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --stage) stage=${2:?}; shift 2 ;;
+    --stop-stage) stop_stage=${2:?}; shift 2 ;;
+    --size) size=${2:?}; shift 2 ;;
+    --seed) seed=${2:?}; shift 2 ;;
+    --help|-h) usage ;;
+    --*) echo "$0: Error: unknown option $1" >&2; usage ;;
+    *) break ;;
+  esac
+done
+[ $# -le 1 ] || usage
+case "$stage$stop_stage" in *[!0-9]*|'') echo "$0: Error: --stage and --stop-stage take integers" >&2; usage ;; esac
+case "$seed" in *[!0-9]*|'') echo "$0: Error: --seed takes a non-negative integer" >&2; usage ;; esac
+case "$size" in default|tiny) ;; *) echo "$0: Error: --size is default or tiny, not $size" >&2; usage ;; esac
+
+recipe_dir=$(cd "$(dirname "$0")" && pwd)
+repo_root=$(cd "$recipe_dir/../.." && pwd)
+root=${1:-$recipe_dir}
+mkdir -p "$root"
+root=$(cd "$root" && pwd)
+python=${PYTHON:-python3}
+command -v "$python" >/dev/null 2>&1 || { echo "$0: Error: $python not found (set PYTHON)" >&2; exit 1; }
+
+log() {
+  echo "$(date '+%Y-%m-%d %H:%M:%S') ($(basename "$0"):${BASH_LINENO[0]}) $*"
+}
+
+# Each stage is a Python module run from the repository root (it imports decode.py, scoring.py,
+# transition_model.py from there); it exits non-zero on any error, which set -e turns into ours.
+run_stage() {
+  local n=$1 name=$2 start end
+  if [ "$stage" -le "$n" ] && [ "$stop_stage" -ge "$n" ]; then
+    log "Stage $n: $name"
+    start=$(date +%s.%N)
+    (cd "$repo_root" && PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}" \
+      "$python" -m "recipes.mini_timit.local.$name" --size "$size" --seed "$seed" "$root")
+    end=$(date +%s.%N)
+    log "Stage $n: $name took $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s"
+  fi
+}
+
+run_stage 0 prepare_text
+run_stage 1 synthesize
+run_stage 2 make_features
+run_stage 3 prepare_lang
+run_stage 4 make_mono
+run_stage 5 make_graph
+run_stage 6 check
+log "Done: $root (oracle PER in $root/exp/mono/decode_oracle_test/per.txt)"
