@@ -23,6 +23,7 @@ import math
 import torch
 from torch.nn import functional as F
 
+from models import fast_paths
 from models.gated import RecurrentMatrixCell
 from models.recurrent import log_sigmoid_pair
 
@@ -50,6 +51,9 @@ class _LogStateCell(RecurrentMatrixCell):
         log_h = emitted[0]
         return log_h, log_h.exp()
 
+    def fast_forward(self, proj, lengths):
+        return fast_paths.gated(self, self.fast_kind, proj, lengths) if self.form == "log" else None
+
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, form={self.form!r}"
 
@@ -67,6 +71,8 @@ class BRUCell(_LogStateCell):
     >>> layer(torch.randn(2, 5, 3), [5, 2]).shape
     torch.Size([2, 5, 4])
     """
+
+    fast_kind = "bru"
 
     def step(self, proj_t, state):
         (log_h,) = state
@@ -96,6 +102,7 @@ class LiBRUCell(_LogStateCell):
     """
 
     num_gates = 2
+    fast_kind = "libru"
 
     def step(self, proj_t, state):
         (log_h,) = state

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from models import fast_paths
 from models.recurrent import Cell, orthogonal_blocks_
 
 ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid, "softplus": F.softplus}
@@ -111,6 +112,9 @@ class LiGRUCell(RecurrentMatrixCell):
         candidate = torch.relu(a_h)  # (8b)
         h = z * candidate + (1 - z) * h  # (8c)
         return (h,), (h,)
+
+    def fast_forward(self, proj, lengths):
+        return fast_paths.gated(self, "ligru", proj, lengths)
 
 
 class MGUCell(RecurrentMatrixCell):

@@ -114,6 +114,8 @@ class Cell(nn.Module):
     num_gates = 1
     # True when the unit computes probabilities that `posteriors()` can return.
     has_posteriors = False
+    # "fast": the cell's fast path where it has one, else the reference loop; see set_implementation.
+    implementation = "fast"
 
     def __init__(self, hidden_size: int):
         super().__init__()
@@ -131,6 +133,19 @@ class Cell(nn.Module):
         return emitted[0], None
 
     def forward(self, proj: torch.Tensor, lengths: torch.Tensor):
+        if self.implementation == "fast":
+            result = self.fast_forward(proj, lengths)
+            if result is not None:
+                return result
+        return self.reference_forward(proj, lengths)
+
+    def fast_forward(self, proj: torch.Tensor, lengths: torch.Tensor):
+        """The same function as :meth:`reference_forward` with a hand-written backward pass
+        (``models/fast_*.py``), or ``None`` where this cell or its options have none."""
+        return None
+
+    def reference_forward(self, proj: torch.Tensor, lengths: torch.Tensor):
+        """The straightforward time loop with autograd: the reference the fast paths are tested against."""
         state = self.initial_state(proj)
         emitted = []
         for t in range(proj.size(1)):
@@ -141,6 +156,19 @@ class Cell(nn.Module):
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}"
+
+
+IMPLEMENTATIONS = ("fast", "reference")
+
+
+def set_implementation(module: nn.Module, implementation: str) -> nn.Module:
+    """Make every cell in ``module`` run its fast path (``"fast"``, the default) or the reference loop."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    for cell in module.modules():
+        if isinstance(cell, Cell):
+            cell.implementation = implementation
+    return module
 
 
 # --------------------------------------------------------------------------- layers

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models import fast_paths
 from models.gated import RecurrentMatrixCell
 from models.recurrent import backward_scan, log_sigmoid_pair, orthogonal_blocks_
 
@@ -174,6 +175,9 @@ class LBRUCell(RecurrentMatrixCell):
 
             (h,) = backward_scan(step, (h,), lengths)
         return h, h
+
+    def fast_forward(self, proj, lengths):
+        return fast_paths.lbru(self, proj, lengths)
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, backward={self.backward!r}, input_gate={self.input_gate}"

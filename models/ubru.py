@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models import fast_paths
 from models.recurrent import Cell, backward_scan, log_sigmoid_pair, logit
 
 BACKWARDS = (None, "kalman", "hmm")
@@ -108,6 +109,9 @@ class UBRUCell(Cell):
         else:
             gamma = self._hmm(alpha_logit, log_p, log_not_p, lengths)
         return gamma, gamma
+
+    def fast_forward(self, a, lengths):
+        return fast_paths.ubru(self, a, lengths)
 
     def _kalman(self, alpha, alpha_logit, log_p, log_not_p, lengths):
         """Eq. 21 for gamma and eq. 26 for 1 - gamma, both started at gamma_T = alpha_T."""

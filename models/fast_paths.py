@@ -1,0 +1,123 @@
+"""The fast path of each accelerated cell (issue 7): the same function as ``Cell.reference_forward``.
+
+Each function takes the cell, the layer's projections ``proj`` ``(B, T, G*H)`` and ``lengths`` ``(B,)``
+and returns what the reference returns, ``(output, probabilities or None)``, both ``(B, T, H)``. The time
+loops live in :mod:`models.fast_gated` (cells with a recurrent matrix) and :mod:`models.fast_scans`
+(elementwise recursions); here is only vectorised glue over all frames, in time-major ``(T, B, ...)``.
+
+A cell calls these from its ``fast_forward`` and returns ``None`` for the options they do not cover,
+which sends ``Cell.forward`` to the reference loop (see ``FAST`` below for what is covered).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from models.fast_gated import GatedRecurrence, LBRURecurrence
+from models.fast_scans import LinearRecurrence, MatrixRecurrence, SoftplusRecurrence
+from models.recurrent import log_sigmoid_pair, reverse_padded
+
+# unit -> the options with a fast path; anything else runs the reference loop.
+FAST = {
+    "bru": "form='log' (the default)",
+    "libru": "form='log' (the default)",
+    "ligru": "all",
+    "lbru": "all (backward=None or 'layer', input_gate True or False)",
+    "ubru": "all (backward=None, 'kalman', 'hmm')",
+}
+
+
+def _time_major(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(0, 1).contiguous()  # (B, T, ...) -> (T, B, ...)
+
+
+def _at_end(lengths: torch.Tensor, T: int) -> torch.Tensor:
+    """``(T, B, 1)``: frame ``t`` is a sequence's last real frame or padding (a backward recursion restarts)."""
+    return (torch.arange(T, device=lengths.device)[:, None] >= lengths[None, :] - 1).unsqueeze(-1)
+
+
+def gated(cell, kind: str, proj: torch.Tensor, lengths: torch.Tensor):
+    """BRU and Li-BRU (log form) and Li-GRU: ``kind`` is ``"bru"``, ``"libru"`` or ``"ligru"``."""
+    (h0,) = cell.initial_state(proj)
+    out = GatedRecurrence.apply(kind, _time_major(proj), cell.recurrent.weight, h0)  # (T, B, H)
+    return cell.finish(proj, (out.transpose(0, 1),), lengths)
+
+
+def lbru(cell, proj: torch.Tensor, lengths: torch.Tensor):
+    """TPAMI layer-wise BRU, eq. 72-75 forward and eq. 77-78 backward (``backward="layer"``)."""
+    T = proj.size(1)
+    h0 = proj.new_full((proj.size(0), cell.hidden_size), 0.5)
+    h, s = LBRURecurrence.apply(cell.input_gate, _time_major(proj), cell.recurrent.weight, cell.hidden_bias, h0)
+    if cell.backward == "layer":
+        # h'_t = s_{t+1} (U_b h'_{t+1} + b_b) + (1 - s_{t+1}) h_t, restarted at h'_t = h_t at each last frame
+        s_next = torch.cat([s[1:], torch.zeros_like(s[:1])])  # (T, B, H)
+        at_end = _at_end(lengths, T)
+        A = s_next.masked_fill(at_end, 0.0)
+        B = torch.where(at_end, h, (1 - s_next) * h)
+        h = MatrixRecurrence.apply(A, B, cell.backward_recurrent.weight, cell.backward_recurrent.bias)
+    h = h.transpose(0, 1)
+    return h, h
+
+
+def ubru(cell, a: torch.Tensor, lengths: torch.Tensor):
+    """Forward-backward UBRU: alpha in log-odds, then gamma by the Kalman or the HMM recursion.
+
+    With ``x = logit(alpha)`` eq. 10 reads ``logit p_t = log tau01 - log(1 - tau01)
+    + softplus(x_{t-1} + k_0) - softplus(x_{t-1} + k_1)``, ``k = [log tau11 - log tau01,
+    log(1 - tau11) - log(1 - tau01)]``, and eq. 9 adds ``a_t``.
+    """
+    B, T, H = a.shape
+    log_t11, log_not_t11 = log_sigmoid_pair(cell.tau11_logit)
+    log_t01, log_not_t01 = log_sigmoid_pair(cell.tau01_logit)
+    k = torch.stack([log_t11 - log_t01, log_not_t11 - log_not_t01])  # (2, H)
+    x0 = cell.rho0_logit.expand(B, H)
+    at = _time_major(a)  # (T, B, H)
+    x = SoftplusRecurrence.apply(at + (log_t01 - log_not_t01), k.expand(T, B, 2, H), x0)  # logit alpha (9)
+    if cell.backward is None:
+        alpha = torch.sigmoid(x).transpose(0, 1)
+        return alpha, alpha
+    at_end = _at_end(lengths, T)
+    if cell.backward == "kalman":
+        gamma = _kalman(cell, x, x0, k, log_t01, log_not_t01, at_end)
+    else:
+        gamma = _hmm(cell, a, x, lengths, log_not_t11 - log_not_t01, at_end)
+    gamma = gamma.transpose(0, 1)
+    return gamma, gamma
+
+
+def _kalman(cell, x, x0, k, log_t01, log_not_t01, at_end):
+    """Eq. 21 as the affine recursion ``gamma_t = A_t gamma_{t+1} + B_t`` (field notes)."""
+    x_previous = torch.cat([x0.unsqueeze(0), x[:-1]])  # (T, B, H)
+    softplus_previous = F.softplus(x_previous)
+    log_p = log_t01 + F.softplus(x_previous + k[0]) - softplus_previous  # (10), log p_t
+    log_not_p = log_not_t01 + F.softplus(x_previous + k[1]) - softplus_previous  # log(1 - p_t)
+    alpha = torch.sigmoid(x)
+    inv_p, inv_not_p = torch.exp(-log_p[1:]), torch.exp(-log_not_p[1:])  # 1 / p_{t+1}, 1 / (1 - p_{t+1})
+    not_t11 = torch.sigmoid(-cell.tau11_logit)
+    A = alpha[:-1] * (cell.tau11 * inv_p - not_t11 * inv_not_p)
+    B = alpha[:-1] * not_t11 * inv_not_p
+    A = torch.cat([A, torch.zeros_like(alpha[-1:])]).masked_fill(at_end, 0.0)
+    B = torch.where(at_end, alpha, torch.cat([B, alpha[-1:]]))  # gamma_T = alpha_T
+    return LinearRecurrence.apply(True, A, B)
+
+
+def _hmm(cell, a, x, lengths, c, at_end):
+    """Eq. 17-18 through ``rho_t = log beta_t - log beta-bar_t``; ``gamma_t = sigma(logit alpha_t + rho_t)``.
+
+    Since ``alpha beta + (1 - alpha) beta-bar = 1`` (eq. 11), ``rho`` fixes gamma. Dividing eq. 17 by eq. 18
+    and using ``log(alpha / p) - log((1 - alpha) / (1 - p)) = a`` (eq. 9) gives the form of the forward pass,
+    run from each sequence's last frame: ``rho_t = log(1 - tau11) - log(1 - tau01)
+    + softplus(rho_{t+1} + a_{t+1} + logit tau11) - softplus(rho_{t+1} + a_{t+1} + logit tau01)``.
+    """
+    B, T, H = a.shape
+    if T == 1:
+        rho = torch.zeros_like(x)
+    else:
+        reversed_a = _time_major(reverse_padded(a, lengths))  # [t] = a_{len-1-t}: step s reads a_{len-s}
+        j = torch.stack([cell.tau11_logit, cell.tau01_logit])  # (2, H)
+        K = reversed_a[:-1].unsqueeze(2) + j  # (T-1, B, 2, H)
+        rest = SoftplusRecurrence.apply(c.expand(T - 1, B, H), K, torch.zeros_like(x[0]))
+        rho_reversed = torch.cat([torch.zeros_like(rest[:1]), rest])  # rho at each last frame is 0
+        rho = reverse_padded(rho_reversed.transpose(0, 1), lengths).transpose(0, 1).masked_fill(at_end, 0.0)
+    return torch.sigmoid(x + rho)
