@@ -54,6 +54,7 @@ class Batch:
         mask: ``(B, T)`` bool, True on real frames.
         labels: name -> ``(B, T)`` int64, ``IGNORE`` on padded frames.
         keys: the ``B`` utterance keys.
+        chunk: the index of the chunk it was cut from (the trainer checkpoints at chunk boundaries).
     """
 
     x: torch.Tensor
@@ -61,6 +62,7 @@ class Batch:
     mask: torch.Tensor
     labels: dict[str, torch.Tensor]
     keys: list[str]
+    chunk: int = 0
 
     @property
     def num_frames(self) -> int:
@@ -70,7 +72,14 @@ class Batch:
         """The batch with every tensor on ``device`` (``non_blocking`` pays off with pinned memory)."""
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Batch(move(self.x), move(self.lengths), move(self.mask),
-                     {k: move(v) for k, v in self.labels.items()}, self.keys)
+                     {k: move(v) for k, v in self.labels.items()}, self.keys, self.chunk)
+
+    def select(self, rows: slice) -> "Batch":
+        """The sequences ``rows`` of the batch (distributed training gives each rank a share), padding trimmed."""
+        lengths = self.lengths[rows]
+        T = int(lengths.max()) if len(lengths) else 0
+        return Batch(self.x[rows, :T], lengths, self.mask[rows, :T], {k: v[rows, :T] for k, v in self.labels.items()},
+                     self.keys[rows], self.chunk)
 
 
 def collate(utterances: Sequence[Utterance]) -> Batch:

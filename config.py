@@ -268,12 +268,28 @@ SINGLE_SECTIONS = {"exp": Exp, "data_use": DataUse, "batches": Batches, "model":
 NUMBERED = ("dataset", "architecture")
 
 
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
 def _expand(value: str, where: str) -> str:
-    expanded = os.path.expandvars(value)
-    missing = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
-    if missing:
-        raise ConfigError(f"{where}: environment variable ${missing[0]} is not set (used in {value.strip()!r})")
-    return expanded
+    """Expand ``$VAR``, ``${VAR}`` and ``${VAR:-default}`` (default when unset or empty) from the environment.
+
+    >>> os.environ["BRU_DOCTEST"] = "/corpora/timit"
+    >>> _expand("$BRU_DOCTEST/data/train/feats.scp", "x"), _expand("${BRU_UNSET_VAR:-recipes/mini_timit}/data", "x")
+    ('/corpora/timit/data/train/feats.scp', 'recipes/mini_timit/data')
+    """
+
+    def substitute(match: re.Match) -> str:
+        name = match.group(1) or match.group(3)
+        default = match.group(2)
+        found = os.environ.get(name)
+        if found:
+            return found
+        if default is not None:
+            return default
+        raise ConfigError(f"{where}: environment variable ${name} is not set (used in {value.strip()!r})")
+
+    return _VARIABLE.sub(substitute, value)
 
 
 def parse_overrides(arguments: Sequence[str]) -> list[tuple[str, str, str]]:
@@ -296,6 +312,8 @@ def parse_config_text(text: str, overrides: Sequence[tuple[str, str, str]] = (),
     except configparser.Error as error:
         raise ConfigError(f"{source}: {error}") from None
     for section, option, value in overrides:
+        if not parser.has_section(section) and section in SINGLE_SECTIONS:
+            parser.add_section(section)  # a section left to its defaults can still be overridden
         if not parser.has_section(section):
             raise _unknown("section", section, parser.sections(), f"override --{section},{option}")
         parser.set(section, option, value)

@@ -361,21 +361,24 @@ class Corpus:
         prefetcher = Prefetcher(lambda i: self.load_chunk(plan[i]), len(plan), name=f"{self.spec.data_name} chunk")
         return iter(prefetcher), prefetcher
 
-    def batches(self, epoch: int = 0) -> Iterator[Batch]:
+    def batches(self, epoch: int = 0, first_chunk: int = 0) -> Iterator[Batch]:
         """The padded batches of one epoch, chunk by chunk (see :class:`Batch` for the shapes).
 
         Within a chunk, utterances are sorted by length and cut into batches of ``batch_size``; with
-        ``shuffle`` the batch order is drawn from ``(seed, epoch, chunk)``. A failure while preparing
-        the next chunk is raised here, at the next batch.
+        ``shuffle`` the batch order is drawn from ``(seed, epoch, chunk)``. ``first_chunk`` skips the
+        chunks before it without reading them (a resumed run). A failure while preparing the next
+        chunk is raised here, at the next batch.
         """
-        chunks, prefetcher = self._chunks(self.chunk_keys(epoch))
+        chunks, prefetcher = self._chunks(self.chunk_keys(epoch)[first_chunk:])
         try:
-            for index, utterances in enumerate(chunks):
+            for index, utterances in enumerate(chunks, first_chunk):
                 rng = np.random.default_rng([self.options.seed, epoch, index]) if self.options.shuffle else None
                 for group in make_batches([u.num_frames for u in utterances], self.options.batch_size, rng):
                     if prefetcher is not None:
                         prefetcher.check()
-                    yield collate([utterances[i] for i in group])
+                    batch = collate([utterances[i] for i in group])
+                    batch.chunk = index
+                    yield batch
         finally:
             if prefetcher is not None:
                 prefetcher.close()

@@ -11,7 +11,7 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -108,21 +108,28 @@ class Progress:
         return {"epoch": self.epoch, "chunk": self.chunk, "history": self.history, "chunk_stats": self.chunk_stats}
 
 
+def write_atomically(path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then move it into place with ``os.replace``:
+    a reader (or a resumed run) sees the old file or the new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def save_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer], progress: Progress,
                     config_text: str) -> None:
     """Write a checkpoint atomically: a temporary file in the same folder, then ``os.replace``."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizers": [o.state_dict() for o in optimizers],
-            "progress": progress.as_dict(),
-            "config": config_text,
-        },
-        tmp,
-    )
-    os.replace(tmp, path)
+    state = {
+        "model": model.state_dict(),
+        "optimizers": [o.state_dict() for o in optimizers],
+        "progress": progress.as_dict(),
+        "config": config_text,
+    }
+    write_atomically(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> Optional[Progress]:
@@ -138,3 +145,85 @@ def load_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.opt
         optimizer.load_state_dict(saved)
     p = state["progress"]
     return Progress(p["epoch"], p["chunk"], list(p["history"]), [tuple(s) for s in p["chunk_stats"]])
+
+
+# --------------------------------------------------------------------------- distributed data parallel
+@dataclass
+class Distributed:
+    """This process's place in a ``torchrun`` job (rank 0 of 1 when run as a plain script).
+
+    Every rank reads the same batches in the same order (same seeds) and trains on its share of the
+    rows of each, ``rank::world``; gradients are averaged by DDP and metrics summed with :meth:`sum`.
+    Only rank 0 writes files.
+    """
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_environment(cls, device_type: str) -> "Distributed":
+        """Join the process group when launched by ``torchrun`` (``WORLD_SIZE`` > 1): NCCL on CUDA, gloo on the CPU."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        return cls(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+    def share(self, batch):
+        """This rank's rows of a global batch; ``None`` when the batch has fewer rows than ranks."""
+        if self.world == 1:
+            return batch
+        rows = slice(self.rank, None, self.world)
+        return batch.select(rows) if self.rank < len(batch.keys) else None
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """Sum ``values`` over all ranks (float64)."""
+        if self.world == 1:
+            return list(values)
+        import torch.distributed as dist
+
+        tensor = torch.tensor(list(values), dtype=torch.float64)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- learning curve
+def plot_learning_curve(history: Sequence[dict], path) -> None:
+    """Train and dev loss and frame error per epoch, as a PNG written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    epochs = [h["epoch"] for h in history]
+    figure, (loss, error) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for axis, key, title in ((loss, "loss", "cross-entropy"), (error, "err", "frame error")):
+        axis.plot(epochs, [h[f"train_{key}"] for h in history], "o-", label="train")
+        axis.plot(epochs, [h[f"dev_{key}"] for h in history], "s-", label="dev")
+        axis.set_xlabel("epoch")
+        axis.set_title(title)
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    write_atomically(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+    plt.close(figure)

@@ -1,0 +1,548 @@
+#!/usr/bin/env python3
+"""Run one experiment, from Kaldi features to error rates in ``res.res``.
+
+Usage: python run_exp.py <config.cfg> [--section,option=value ...] [--force] [--stage forward|decode]
+                         [--forward-only [--model EXP_DIR]]
+ e.g.: python run_exp.py cfg/MINI_liBRU.cfg
+       python run_exp.py cfg/TIMIT_liBRU.cfg --exp,out_folder=exp/TIMIT_liBRU_seed2 --exp,seed=2
+       torchrun --nproc_per_node=4 run_exp.py cfg/TIMIT_liBRU.cfg    (distributed data parallel)
+
+Stages, each skipped when already complete (re-running the command after a crash resumes):
+  corpus   build the built-in corpus when ``[exp] builtin_corpus`` asks for it
+  train    epochs x chunks, a checkpoint after every chunk, one ``res.res`` line per epoch
+  forward  log-likelihoods (log posteriors - log priors) for every ``forward_with`` set
+  decode   decode and score; the acoustic scale is chosen on ``valid_with`` and applied unchanged
+           to the other sets; the results are appended to ``res.res``
+
+The experiment folder (``[exp] out_folder``)::
+
+  config.resolved.cfg   every option, defaults included      log.txt   this log
+  res.res               one line per epoch, then one per decoded set   learning_curve.png
+  checkpoint.pt         the latest complete chunk (model, optimisers, progress)
+  final.pt              the trained weights    feature_norm.npz, pdf_counts, final.mdl: what forward needs
+  forward_<set>/        loglikes.ark, loglikes.scp     decode_<set>/   hypotheses, per-utterance counts
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import logging
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+from tqdm import tqdm
+
+import decode
+import models
+from config import Config, ConfigError, parse_config, unit_options, write_resolved
+from data_io import (Corpus, DatasetSpec, GlobalNorm, KaldiIOError, LoaderOptions, LoglikeWriter, log_priors,
+                     read_counts, read_transition_model, write_counts)
+from models.acoustic import AcousticModel
+from training import (IGNORE, Distributed, Progress, learning_rate, load_checkpoint, make_optimizer,
+                      plot_learning_curve, save_checkpoint, seed_everything, write_atomically)
+
+log = logging.getLogger("run_exp")
+
+
+# --------------------------------------------------------------------------- the experiment folder
+class Experiment:
+    """Paths in the experiment folder and the markers of finished stages (``.done/<stage>``)."""
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.checkpoint = self.folder / "checkpoint.pt"
+        self.final = self.folder / "final.pt"
+        self.res = self.folder / "res.res"
+        self.resolved = self.folder / "config.resolved.cfg"
+
+    def done(self, stage: str) -> bool:
+        return (self.folder / ".done" / stage).is_file()
+
+    def mark(self, stage: str) -> None:
+        (self.folder / ".done").mkdir(parents=True, exist_ok=True)
+        (self.folder / ".done" / stage).touch()
+
+    def unmark(self, stages) -> None:
+        for stage in stages:
+            (self.folder / ".done" / stage).unlink(missing_ok=True)
+
+    def write_res(self, history: list[dict], decode_lines: Optional[list[str]] = None) -> None:
+        """``res.res``: the epoch lines, then the decoding lines (kept in ``decode.res`` between runs)."""
+        decode_file = self.folder / "decode.res"
+        if decode_lines is not None:
+            write_atomically(decode_file, lambda tmp: tmp.write_text("".join(f"{line}\n" for line in decode_lines)))
+        lines = [epoch_line(h) for h in history]
+        if decode_file.is_file():
+            lines += decode_file.read_text().splitlines()
+        write_atomically(self.res, lambda tmp: tmp.write_text("".join(f"{line}\n" for line in lines)))
+
+
+def epoch_line(h: dict) -> str:
+    lrs = " ".join(f"lr_{name}={lr:.3g}" for name, lr in h["lr"].items())
+    return (f"epoch={h['epoch']:03d} train_loss={h['train_loss']:.4f} train_err={h['train_err']:.4f} "
+            f"dev_loss={h['dev_loss']:.4f} dev_err={h['dev_err']:.4f} {lrs} time={h['seconds']:.1f}s")
+
+
+def check_same_experiment(exp: Experiment, resolved_text: str, source: str) -> None:
+    """A folder with training progress may only be resumed with the config that made it.
+
+    Changes to ``[decoding]``, ``[forward]``, ``[data_use] forward_with`` and ``[exp] device`` are
+    allowed: they do not change what was trained (re-decode with ``--stage decode``).
+    """
+    if not exp.resolved.is_file() or not (exp.checkpoint.is_file() or exp.final.is_file()):
+        return
+    allowed = {"decoding": None, "forward": None, "data_use": {"forward_with"}, "exp": {"device"}}
+
+    def relevant(text):
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.optionxform = str
+        parser.read_string(text)
+        return {(section, option): value for section in parser.sections() for option, value in parser.items(section)
+                if section not in allowed or (allowed[section] is not None and option not in allowed[section])}
+
+    before, now = relevant(exp.resolved.read_text()), relevant(resolved_text)
+    changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+    if changed:
+        details = "; ".join(f"[{s}] {o}: {before.get((s, o))!r} -> {now.get((s, o))!r}" for s, o in changed[:5])
+        raise ConfigError(f"{source}: {exp.folder} holds an experiment trained with a different config ({details}); "
+                          "use --force to start it again, or another [exp] out_folder")
+
+
+# --------------------------------------------------------------------------- data
+def dataset_spec(config: Config, name: str, with_labels: bool) -> DatasetSpec:
+    """The streams of data set ``name`` the model uses: ``[model] inputs`` in that order, and the
+    senone (and monophone) labels when ``with_labels``."""
+    spec = DatasetSpec.from_config(config.dataset(name))
+    if config.model.inputs:
+        streams = {s.fea_name: s for s in spec.fea}
+        for wanted in config.model.inputs:
+            if wanted not in streams:
+                raise ConfigError(f"{config.source} [model] inputs: dataset {name} has no feature stream {wanted!r}; "
+                                  f"it has {sorted(streams)}")
+        spec.fea = [streams[wanted] for wanted in config.model.inputs]
+    labels = label_names(config) if with_labels else []
+    have = {s.lab_name for s in spec.lab}
+    for wanted in labels:
+        if wanted not in have:
+            raise ConfigError(f"{config.source}: dataset {name} needs a label stream {wanted!r} "
+                              f"([model] senone_lab / mono_lab); it has {sorted(have)}")
+    spec.lab = [s for s in spec.lab if s.lab_name in labels]
+    return spec
+
+
+def label_names(config: Config) -> list[str]:
+    return [config.model.senone_lab] + ([config.model.mono_lab] if config.model.mono_lab != "none" else [])
+
+
+def loader_options(config: Config, purpose: str) -> LoaderOptions:
+    b = config.batches
+    if purpose == "train":
+        return LoaderOptions(b.batch_size_train, b.max_seq_length_train, b.long_utterances, config.exp.seed, shuffle=True)
+    if purpose == "valid":
+        return LoaderOptions(b.batch_size_valid, b.max_seq_length_valid, b.long_utterances, config.exp.seed, shuffle=False)
+    # forward: whole utterances (their keys name the output rows), in scp order
+    return LoaderOptions(b.batch_size_valid, 0, "split", config.exp.seed, shuffle=False)
+
+
+def save_norm(path: Path, norm: GlobalNorm) -> None:
+    write_atomically(path, lambda tmp: np.savez(open(tmp, "wb"), mean=norm.mean, std=norm.std))
+
+
+def load_norm(path: Path) -> GlobalNorm:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: feature normalisation of the trained model is missing (train it first)")
+    with np.load(path) as stats:
+        return GlobalNorm(stats["mean"], stats["std"])
+
+
+# --------------------------------------------------------------------------- model
+def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optional[int]):
+    """The acoustic model of ``[model] stack`` and the parameter groups of each architecture
+    (the output layers train with the last architecture's optimiser)."""
+    stacks, size = [], input_dim
+    if len(set(config.model.stack)) != len(config.model.stack):
+        raise ConfigError(f"{config.source} [model] stack: an architecture appears twice: {config.model.stack}")
+    for name in config.model.stack:
+        arch = config.architecture(name)
+        stack = models.build_stack(arch.unit, size, arch.sizes, dropout=arch.dropout, norm=arch.norm,
+                                   bidirectional=arch.bidirectional, options=unit_options(arch))
+        stacks.append(stack)
+        size = stack.output_size
+    model = AcousticModel(stacks, num_pdfs, num_mono)
+    groups = [list(stack.parameters()) for stack in model.stacks]
+    groups[-1] += [p for name, p in model.named_parameters() if not name.startswith("stacks.")]
+    return model, groups
+
+
+def has_unused_parameters(model: AcousticModel, device: torch.device) -> bool:
+    """Whether some parameter gets no gradient (a unit option that leaves it out): DDP must then look
+    for them at every step, which costs a traversal of the graph, so it is only asked to when needed."""
+    model.eval()  # no dropout draws, no batch-norm statistics updated
+    out = model(torch.zeros(1, 2, model.input_size, device=device), torch.tensor([2]))
+    sum(o.sum() for o in out.values()).backward()
+    unused = any(p.grad is None for p in model.parameters() if p.requires_grad)
+    model.zero_grad(set_to_none=True)
+    model.train()
+    return unused
+
+
+def pick_device(config: Config) -> torch.device:
+    wanted = config.exp.device
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{config.source} [exp] device = cuda, but torch sees no CUDA device; use auto or cpu")
+    if wanted == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def autocast(config: Config, device: torch.device):
+    """bf16 autocast on CUDA when ``[exp] mixed_precision``; a no-op on the CPU."""
+    if config.exp.mixed_precision and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def batch_loss(out: dict, batch, config: Config, global_frames: int, world: int):
+    """Senone cross-entropy (+ ``mono_weight`` x monophone cross-entropy) summed over this rank's
+    frames and divided by the frames of the *global* batch, times ``world`` because DDP averages
+    gradients over ranks: the gradient is exactly the single-process one. Returns the loss to
+    backpropagate and the (loss sum, frame errors, frames) of the senone output on this share."""
+    labels = batch.labels[config.model.senone_lab]
+    logits = out["senone"].float()
+    senone_sum = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="sum")
+    total = senone_sum
+    if "mono" in out:
+        mono = batch.labels[config.model.mono_lab]
+        total = total + config.model.mono_weight * F.cross_entropy(
+            out["mono"].float().flatten(0, 1), mono.flatten(), ignore_index=IGNORE, reduction="sum")
+    real = labels != IGNORE
+    errors = int(((logits.argmax(-1) != labels) & real).sum())
+    return total / global_frames * world, (float(senone_sum.detach()), errors, int(real.sum()))
+
+
+# --------------------------------------------------------------------------- training
+def train(config: Config, exp: Experiment, device: torch.device, dist: Distributed) -> None:
+    senone = config.model.senone_lab
+    train_spec = dataset_spec(config, config.data_use.train_with, with_labels=True)
+    norm_path = exp.folder / "feature_norm.npz"
+    if norm_path.is_file():
+        norm = load_norm(norm_path)
+    else:  # statistics of the training set only; dev and test get the same ones
+        norm = Corpus(train_spec, loader_options(config, "valid")).global_norm()
+        if dist.main:
+            save_norm(norm_path, norm)
+    train_set = Corpus(train_spec, loader_options(config, "train"), norm)
+    dev_set = Corpus(dataset_spec(config, config.data_use.valid_with, with_labels=True), loader_options(config, "valid"), norm)
+    if dev_set.label_dims[senone] != train_set.label_dims[senone]:
+        raise KaldiIOError(f"dataset {config.data_use.valid_with}: {dev_set.label_dims[senone]} pdfs in its alignments' "
+                           f"final.mdl, {train_set.label_dims[senone]} in the training set's")
+    log.info("train: %s, %d utterances, %d frames, feature dim %d, %d pdfs; dev: %s, %d utterances",
+             config.data_use.train_with, len(train_set), int(train_set.lengths.sum()), train_set.feature_dim,
+             train_set.label_dims[senone], config.data_use.valid_with, len(dev_set))
+    if dist.main:  # what forward and decode need, also for --forward-only runs on other data
+        counts = train_set.counts(senone)
+        if counts is not None:
+            write_counts(str(exp.folder / "pdf_counts"), counts)
+        lab_folder = next(s.lab_folder for s in train_spec.lab if s.lab_name == senone)
+        write_atomically(exp.folder / "final.mdl", lambda tmp: shutil.copyfile(Path(lab_folder) / "final.mdl", tmp))
+
+    num_mono = train_set.label_dims[config.model.mono_lab] if config.model.mono_lab != "none" else None
+    seed_everything(config.exp.seed)  # the initial weights
+    model, groups = build_model(config, train_set.feature_dim, train_set.label_dims[senone], num_mono)
+    model.to(device)
+    archs = [config.architecture(name) for name in config.model.stack]
+    optimizers = [make_optimizer(a.arch_opt, params, a.arch_lr, a) for a, params in zip(archs, groups)]
+    log.info("model: %s, %.2fM parameters", " + ".join(f"{a.arch_name}={a.unit} {a.sizes}" for a in archs),
+             sum(p.numel() for p in model.parameters()) / 1e6)
+
+    progress = load_checkpoint(exp.checkpoint, model, optimizers) or Progress()
+    if progress.epoch or progress.chunk:
+        log.info("resuming from %s: epoch %d, chunk %d", exp.checkpoint, progress.epoch + 1, progress.chunk + 1)
+    net = model
+    if dist.world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                                        find_unused_parameters=has_unused_parameters(model, device))
+
+    frames_of = dict(zip(train_set.keys, train_set.lengths.tolist()))
+
+    def checkpoint():
+        if dist.main:
+            save_checkpoint(exp.checkpoint, model, optimizers, progress, exp.resolved.read_text())
+        dist.barrier()
+
+    for epoch in range(progress.epoch, config.exp.n_epochs_tr):
+        dev_errors = [h["dev_err"] for h in progress.history]
+        lrs = {}
+        for arch, optimizer in zip(archs, optimizers):
+            lrs[arch.arch_name] = learning_rate(arch.arch_lr, arch.arch_halving_factor, arch.arch_improvement_threshold, dev_errors)
+            for group in optimizer.param_groups:
+                group["lr"] = lrs[arch.arch_name]
+        plan = train_set.chunk_keys(epoch)
+        remaining = sum(frames_of[key] for keys in plan[progress.chunk:] for key in keys)
+        bar = tqdm(total=remaining, unit="frame", unit_scale=True, desc=f"epoch {epoch + 1}/{config.exp.n_epochs_tr}",
+                   disable=None if dist.main else True, leave=False, dynamic_ncols=True)
+        model.train()
+        chunk, stats, started = progress.chunk, [0.0, 0, 0], time.time()
+        seed_everything(config.exp.seed, epoch, chunk)
+
+        def finish_chunk(next_chunk):
+            progress.chunk_stats.append(tuple(dist.sum(stats)) + (time.time() - started,))
+            progress.chunk = next_chunk
+            checkpoint()
+
+        for batch in train_set.batches(epoch, first_chunk=progress.chunk):
+            if batch.chunk != chunk:
+                finish_chunk(batch.chunk)
+                chunk, stats, started = batch.chunk, [0.0, 0, 0], time.time()
+                seed_everything(config.exp.seed, epoch, chunk)  # dropout masks independent of where a run resumed
+            share = dist.share(batch)
+            empty = share is None  # fewer rows than ranks: a zero-weighted row keeps the ranks in step
+            share = (batch.select(slice(0, 1)) if empty else share).to(device, non_blocking=True)
+            with autocast(config, device):
+                out = net(share.x, share.lengths)
+            loss, (loss_sum, errors, frames) = batch_loss(out, share, config, batch.num_frames, dist.world)
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            (loss * 0 if empty else loss).backward()
+            for arch, params, optimizer in zip(archs, groups, optimizers):
+                if arch.clip_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(params, arch.clip_grad_norm)
+                optimizer.step()
+            if not empty:
+                stats = [stats[0] + loss_sum, stats[1] + errors, stats[2] + frames]
+            if not np.isfinite(loss_sum):
+                raise FloatingPointError(f"epoch {epoch + 1}, chunk {chunk + 1}: the loss is {loss_sum} on utterances "
+                                         f"{batch.keys[:4]}; lower the learning rate or enable clip_grad_norm")
+            bar.update(batch.num_frames)
+            bar.set_postfix(loss=f"{stats[0] / max(stats[2], 1):.3f}", refresh=False)
+        bar.close()
+        if progress.chunk < len(plan):
+            finish_chunk(len(plan))
+
+        dev_loss, dev_err = evaluate(net, dev_set, config, device, dist)
+        loss_sum, errors, frames, seconds = (sum(column) for column in zip(*progress.chunk_stats))
+        progress.history.append({"epoch": epoch + 1, "train_loss": loss_sum / frames, "train_err": errors / frames,
+                                 "dev_loss": dev_loss, "dev_err": dev_err, "lr": lrs, "seconds": seconds})
+        progress.epoch, progress.chunk, progress.chunk_stats = epoch + 1, 0, []
+        checkpoint()
+        log.info("%s (%.0f frames/s)", epoch_line(progress.history[-1]), frames / max(seconds, 1e-9))
+        if dist.main:
+            exp.write_res(progress.history)
+            plot_learning_curve(progress.history, exp.folder / "learning_curve.png")
+
+    if dist.main:
+        final = {"model": model.state_dict(), "input_dim": train_set.feature_dim, "num_pdfs": train_set.label_dims[senone],
+                 "num_mono": num_mono or 0}
+        write_atomically(exp.final, lambda tmp: torch.save(final, tmp))
+        exp.mark("train")
+    dist.barrier()
+
+
+@torch.no_grad()
+def evaluate(net, corpus: Corpus, config: Config, device: torch.device, dist: Distributed) -> tuple[float, float]:
+    """Mean senone cross-entropy and frame error over ``corpus`` (every rank scores its share)."""
+    net.eval()
+    totals = [0.0, 0, 0]
+    for batch in corpus.batches():
+        share = dist.share(batch)
+        if share is None:
+            continue
+        share = share.to(device)
+        with autocast(config, device):
+            out = net(share.x, share.lengths)
+        _, (loss_sum, errors, frames) = batch_loss(out, share, config, 1, 1)
+        totals = [totals[0] + loss_sum, totals[1] + errors, totals[2] + frames]
+    loss_sum, errors, frames = dist.sum(totals)
+    return loss_sum / frames, errors / frames
+
+
+# --------------------------------------------------------------------------- forward
+def load_trained(config: Config, model_dir: Path, device: torch.device) -> AcousticModel:
+    path = model_dir / "final.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no trained model (run the training first, or give --model EXP_DIR)")
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    model, _ = build_model(config, saved["input_dim"], saved["num_pdfs"], saved["num_mono"] or None)
+    try:
+        model.load_state_dict(saved["model"])
+    except RuntimeError as error:
+        raise ConfigError(f"{config.source}: the architectures do not match the model in {path}: {error}") from None
+    return model.to(device).eval()
+
+
+@torch.no_grad()
+def forward(config: Config, exp: Experiment, model_dir: Path, device: torch.device) -> None:
+    """Write log-likelihoods for every ``forward_with`` set: log posteriors - log priors (Kaldi's hybrid recipe)."""
+    model = load_trained(config, model_dir, device)
+    norm = load_norm(model_dir / "feature_norm.npz")
+    priors = None
+    if config.forward.normalize_posteriors:
+        counts_file = model_dir / "pdf_counts"
+        if not counts_file.is_file():
+            raise FileNotFoundError(f"{counts_file}: pdf counts for the priors are missing ([forward] normalize_posteriors = "
+                                    "True needs lab_count_file = auto or a counts file)")
+        priors = log_priors(read_counts(str(counts_file)))
+    for name in config.data_use.forward_with:
+        out_dir = exp.folder / f"forward_{name}"
+        if exp.done(f"forward_{name}"):
+            continue
+        corpus = Corpus(dataset_spec(config, name, with_labels=False), loader_options(config, "forward"), norm)
+        if corpus.feature_dim != model.input_size:
+            raise KaldiIOError(f"dataset {name}: features of dimension {corpus.feature_dim}, the model takes {model.input_size}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        with LoglikeWriter(str(out_dir / "loglikes.ark"), str(out_dir / "loglikes.scp"), priors) as writer:
+            for batch in tqdm(corpus.batches(), desc=f"forward {name}", unit="batch", disable=None, leave=False):
+                batch = batch.to(device)
+                with autocast(config, device):
+                    logits = model(batch.x, batch.lengths)["senone"]
+                writer.write_batch(batch.keys, F.log_softmax(logits.float(), dim=-1).cpu(), batch.lengths.cpu())
+        exp.mark(f"forward_{name}")
+        log.info("forward %s: %d utterances in %.1f s -> %s", name, len(corpus), time.time() - started, out_dir / "loglikes.scp")
+
+
+# --------------------------------------------------------------------------- decode and score
+def decode_jobs(config: Config, exp: Experiment, model_dir: Path) -> list:
+    """One decoding job per ``forward_with`` set whose senone label stream names a graph."""
+    jobs = []
+    for name in config.data_use.forward_with:
+        lab = next((s for s in config.dataset(name).lab if s.lab_name == config.model.senone_lab), None)
+        if lab is None or not lab.lab_graph:
+            log.warning("forward set %s: no lab_graph for %s, so its log-likelihoods are written but not decoded",
+                        name, config.model.senone_lab)
+            continue
+        text = Path(lab.lab_data_folder) / "text" if lab.lab_data_folder else None
+        jobs.append(decode.DecodeJob(name=name, loglikes_scp=exp.folder / f"forward_{name}" / "loglikes.scp",
+                                     graph_dir=Path(lab.lab_graph), model=model_dir / "final.mdl",
+                                     ref_text=text if text and text.is_file() else None,
+                                     out_dir=exp.folder / f"decode_{name}"))
+    return jobs
+
+
+def decode_and_score(config: Config, exp: Experiment, model_dir: Path, history: list[dict]) -> None:
+    jobs = decode_jobs(config, exp, model_dir)
+    if not jobs:
+        return
+    valid = config.data_use.valid_with
+    tune_on = valid if any(j.name == valid and j.ref_text for j in jobs) else None
+    if tune_on is None:
+        log.warning("valid_with=%s is not decoded with a reference (add it to forward_with): every set is decoded "
+                    "at [decoding] acwt=%s, untuned", valid, config.decoding.acwt)
+    results = decode.decode_sets(jobs, config.decoding, tune_on, log=log.info)
+    lines = [results[job.name].res_line() for job in jobs]
+    exp.write_res(history, lines)
+    for line in lines:
+        log.info("%s", line)
+
+
+# --------------------------------------------------------------------------- main
+def setup_logging(folder: Optional[Path], main: bool) -> None:
+    """Progress to stdout and ``log.txt``, errors to stderr; other ranks log errors only."""
+    out, err = logging.StreamHandler(sys.stdout), logging.StreamHandler(sys.stderr)
+    out.addFilter(lambda record: record.levelno < logging.ERROR)
+    err.setLevel(logging.ERROR)
+    handlers = [out, err, logging.FileHandler(folder / "log.txt")] if main else [err]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", handlers=handlers,
+                        force=True)
+
+
+def parse_arguments(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage=__doc__.split("\n\n")[1].replace("Usage: ", "", 1),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="the experiment config (cfg/*.cfg)")
+    parser.add_argument("--force", action="store_true", help="delete the experiment folder's outputs and start again")
+    parser.add_argument("--stage", choices=("forward", "decode"), help="run again from this stage on (training kept)")
+    parser.add_argument("--forward-only", action="store_true", help="no training: forward and decode with a trained model")
+    parser.add_argument("--model", type=Path, help="with --forward-only: the trained experiment folder (default out_folder)")
+    args, overrides = parser.parse_known_args(argv)
+    return args, overrides
+
+
+def run(argv=None) -> None:
+    args, overrides = parse_arguments(argv)
+    config = parse_config(args.config, overrides)
+    device = pick_device(config)
+    dist = Distributed.from_environment(device.type)
+    if dist.world > 1 and device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank)
+        torch.cuda.set_device(device)
+    elif dist.world > 1:  # share the cores between the processes instead of oversubscribing them
+        torch.set_num_threads(max(1, torch.get_num_threads() // dist.world))
+    exp = Experiment(config.exp.out_folder)
+    if args.force and dist.main and exp.folder.exists():
+        if exp.folder.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
+            raise ConfigError(f"{config.source} [exp] out_folder = {exp.folder}: --force will not delete the working directory")
+        shutil.rmtree(exp.folder)
+    dist.barrier()
+    if dist.main:
+        exp.folder.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    setup_logging(exp.folder, dist.main)
+    log.info("%s", " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]))
+    if config.exp.mixed_precision and device.type != "cuda":
+        log.warning("[exp] mixed_precision is ignored on the CPU")
+
+    if config.exp.builtin_corpus != "none" and dist.main:
+        from recipes.mini_timit.corpus import ensure_corpus
+
+        ensure_corpus(config.exp.builtin_corpus_dir, size=config.exp.builtin_corpus, seed=1, log=log.info)
+    dist.barrier()
+
+    model_dir = Path(args.model) if args.model else exp.folder
+    if args.forward_only:
+        exp.unmark([f"forward_{name}" for name in config.data_use.forward_with] + ["decode"])
+        write_resolved(config, exp.folder / "config.forward.cfg")
+    else:
+        if dist.main:
+            resolved = exp.folder / "config.resolved.new"
+            try:
+                write_resolved(config, resolved)
+                check_same_experiment(exp, resolved.read_text(), config.source)
+                resolved.replace(exp.resolved)
+            finally:
+                resolved.unlink(missing_ok=True)
+            if args.stage == "forward":
+                exp.unmark([f"forward_{name}" for name in config.data_use.forward_with])
+            if args.stage in ("forward", "decode"):
+                exp.unmark(["decode"])
+        dist.barrier()
+        forward_done = all(exp.done(f"forward_{name}") for name in config.data_use.forward_with)
+        if exp.done("train") and forward_done and (exp.done("decode") or not config.forward.require_decoding):
+            log.info("experiment %s has already finished (see %s); --force runs it again", exp.folder, exp.res)
+            return
+        if not exp.done("train"):
+            train(config, exp, device, dist)
+    if not dist.main:
+        return
+    forward(config, exp, model_dir, device)
+    history = []  # the epoch lines res.res keeps above the decoding results
+    if exp.checkpoint.is_file():
+        history = torch.load(exp.checkpoint, map_location="cpu", weights_only=True)["progress"]["history"]
+    if config.forward.require_decoding and not exp.done("decode"):
+        decode_and_score(config, exp, model_dir, history)
+        exp.mark("decode")
+    log.info("results in %s", exp.res)
+
+
+def main(argv=None) -> int:
+    try:
+        run(argv)
+    except (ConfigError, KaldiIOError, FileNotFoundError, FloatingPointError) as error:
+        if logging.getLogger().handlers:  # also in log.txt
+            log.error("error: %s", error)
+        else:
+            print(f"run_exp.py: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
