@@ -1,9 +1,9 @@
 """Fast time loops for the cells with a recurrent matrix: BRU and Li-BRU (log form), Li-GRU, LBRU.
 
 Each is a ``torch.autograd.Function`` with a hand-written backward pass (issue 7). Autograd on the
-reference loop (``Cell.forward``) records every small step; here the forward loop runs a handful of
-``out=`` kernels per step into preallocated buffers and saves only the pre-activations, and the
-backward pass
+reference loop (``Cell.forward``) records every small step; here the forward loop (a TorchScript
+function, see :func:`_script`) runs a handful of ``out=`` kernels per step into preallocated buffers
+and saves only what backward needs, and the backward pass
 
 * recomputes every gate derivative for all frames at once (a few large elementwise kernels),
 * runs one short loop over time for the part that really is sequential: per step an elementwise
@@ -22,11 +22,11 @@ output and into two ping-pong scratch buffers.
 
 from __future__ import annotations
 
+import warnings
+from typing import Optional
+
 import torch
 from torch.autograd.function import once_differentiable
-from torch.nn import functional as F
-
-_log_sigmoid = torch._C._nn.log_sigmoid  # has an out= overload; F.logsigmoid does not
 
 
 def _needs_grad(ctx) -> bool:
@@ -39,7 +39,68 @@ def _scratch(proj, width, train):
     return proj.new_empty(T if train else 2, B, width)
 
 
-def _gated_backward(K, C, grad_out, weight, gates):
+def _script(fn):
+    """``torch.jit.script`` for the time loops: the TorchScript interpreter launches each small kernel
+    for about half the overhead of the Python interpreter, which dominates at ``B*H`` of a few
+    thousand. (TorchScript is deprecated in favour of ``torch.compile``, which needs a C++ compiler at
+    run time; the plain Python function is used wherever scripting fails.)"""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.script(fn)
+    except Exception:  # pragma: no cover - depends on the torch build
+        return fn
+
+
+@_script
+def _libru_loop(proj: torch.Tensor, weight_t: torch.Tensor, h0: torch.Tensor, out: torch.Tensor,
+                log_gates: torch.Tensor, diff: torch.Tensor, train: bool):
+    """Eq. 7c in log space: ``log h_t = log z + logaddexp(log h~, log h_{t-1} - a_z)``, as
+    ``log(1 - z) = log z - a_z``. Writes ``log_gates[t] = [log z, log h~]`` and ``diff[t] = log h_{t-1} - a_z``
+    (index 0 only, without ``train``), which is all that backward needs with ``out``."""
+    H = weight_t.size(0)
+    a = torch.empty_like(proj[0])  # (B, 2H)
+    m = torch.empty_like(h0)
+    h = h0
+    for t in range(proj.size(0)):
+        i = t if train else 0
+        torch.addmm(proj[t], h, weight_t, out=a)
+        ls = torch._C._nn.log_sigmoid(a, out=log_gates[i])
+        d = torch.sub(h, a[:, :H], out=diff[i])
+        torch.logaddexp(ls[:, H:], d, out=m)
+        h = torch.add(ls[:, :H], m, out=out[t])
+    return out
+
+
+@_script
+def _ligru_loop(proj: torch.Tensor, weight_t: torch.Tensor, h0: torch.Tensor, out: torch.Tensor,
+                pre: torch.Tensor, train: bool):
+    """Eq. 8: ``h_t = h_{t-1} + z (relu(a_h) - h_{t-1})``; ``pre[t]`` the pre-activations (index 0 only
+    without ``train``)."""
+    H = weight_t.size(0)
+    work = torch.empty_like(proj[0])
+    h = h0
+    for t in range(proj.size(0)):
+        a = torch.addmm(proj[t], h, weight_t, out=pre[t if train else 0])
+        z = torch.sigmoid(a[:, :H], out=work[:, :H])
+        step = torch.clamp_min(a[:, H:], 0.0, out=work[:, H:]).sub_(h)
+        h = torch.addcmul(h, z, step, out=out[t])
+    return out
+
+
+@_script
+def _bru_loop(proj: torch.Tensor, weight_t: torch.Tensor, h0: torch.Tensor, out: torch.Tensor,
+              pre: torch.Tensor, train: bool):
+    """Eq. 6: ``log h_t = log sigma(a_t)``."""
+    h = h0
+    for t in range(proj.size(0)):
+        a = torch.addmm(proj[t], h, weight_t, out=pre[t if train else 0])
+        h = torch._C._nn.log_sigmoid(a, out=out[t])
+    return out
+
+
+@_script
+def _gated_backward(K: torch.Tensor, C: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor, gates: int):
     """The sequential part shared by BRU, Li-BRU and Li-GRU.
 
     With ``g_t = dL/dh_t`` (everything through ``h_{t+1}`` included), the gate pre-activations get
@@ -48,14 +109,20 @@ def _gated_backward(K, C, grad_out, weight, gates):
 
     Returns ``da`` ``(T, B, G*H)`` and ``dL/dh_0`` ``(B, H)``.
     """
-    T, B, H = grad_out.shape
+    T, B, H = grad_out.size(0), grad_out.size(1), grad_out.size(2)
     da = torch.empty_like(K)
     K4, da4 = K.view(T, B, gates, H), da.view(T, B, gates, H)
     g = grad_out[T - 1].clone()
+    carried = torch.empty_like(g)
+    following = torch.zeros_like(g)
     for t in range(T - 1, -1, -1):
         torch.mul(K4[t], g.unsqueeze(1), out=da4[t])  # (B, G, H)
-        following = grad_out[t - 1] if t > 0 else torch.zeros_like(g)
-        g = torch.addmm(torch.addcmul(following, C[t], g), da[t], weight)  # (B, G*H) @ (G*H, H)
+        if t > 0:
+            following = grad_out[t - 1]
+        else:
+            following = torch.zeros_like(g)
+        torch.addcmul(following, C[t], g, out=carried)
+        g = torch.addmm(carried, da[t], weight)  # (B, G*H) @ (G*H, H)
     return da, g
 
 
@@ -77,58 +144,101 @@ class GatedRecurrence(torch.autograd.Function):
         H = weight.size(1)
         train = _needs_grad(ctx)
         out = proj.new_empty(T, B, H)
-        pre = _scratch(proj, width, train)  # pre-activations a_t
-        extra = _scratch(proj, H, train) if kind == "libru" else None  # Li-BRU: m_t below
-        work, diff = proj.new_empty(B, width), proj.new_empty(B, H)
-        weight_t = weight.t()
-        h = h0
-        for t in range(T):
-            i = t if train else t % 2
-            a = torch.addmm(proj[t], h, weight_t, out=pre[i])  # (B, G*H)
-            if kind == "bru":
-                _log_sigmoid(a, out=out[t])  # eq. 6: log h = log sigma(a)
-            elif kind == "libru":
-                # eq. 7c: log h_t = log z + logaddexp(log h~, log h_{t-1} - a_z), as log(1 - z) = log z - a_z
-                ls = _log_sigmoid(a, out=work)  # [log z, log h~]
-                d = torch.sub(h, a[:, :H], out=diff)
-                m = torch.logaddexp(ls[:, H:], d, out=extra[i])
-                torch.add(ls[:, :H], m, out=out[t])
-            else:  # ligru, eq. 8: h_t = h_{t-1} + z (relu(a_h) - h_{t-1})
-                z = torch.sigmoid(a[:, :H], out=work[:, :H])
-                step = torch.clamp_min(a[:, H:], 0, out=work[:, H:]).sub_(h)
-                torch.addcmul(h, z, step, out=out[t])
-            h = out[t]
+        weight_t = weight.t().contiguous()  # (H, G*H): a plain (not transposed) operand is faster for small B
+        if kind == "libru":
+            saved = (_scratch(proj, width, train), _scratch(proj, H, train))  # [log z, log h~], log h_{t-1} - a_z
+            _libru_loop(proj, weight_t, h0, out, *saved, train)
+        else:
+            saved = (_scratch(proj, width, train),)  # pre-activations a_t
+            (_bru_loop if kind == "bru" else _ligru_loop)(proj, weight_t, h0, out, *saved, train)
         ctx.kind = kind
         if train:
-            ctx.save_for_backward(weight, h0, pre, out, *(() if extra is None else (extra,)))
+            ctx.save_for_backward(weight, h0, out, *saved)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        weight, h0, a, out, *extra = ctx.saved_tensors
+        weight, h0, out, *saved = ctx.saved_tensors
         H = weight.size(1)
         h_previous = torch.cat([h0.unsqueeze(0), out[:-1]])  # (T, B, H)
         if ctx.kind == "bru":
+            (a,) = saved
             K, C, gates = torch.sigmoid(-a), torch.zeros_like(out), 1  # d log sigma(a) / da = 1 - sigma(a)
         elif ctx.kind == "libru":
-            (m,) = extra
-            a_z, a_h = a[..., :H], a[..., H:]
-            log_z, log_c = F.logsigmoid(a_z), F.logsigmoid(a_h)
-            w = torch.exp(log_c - m)  # z h~ / h_t: the weight of the new candidate in (7c)
-            C = torch.exp(h_previous - a_z - m)  # (1 - z) h_{t-1} / h_t = 1 - w
-            K = torch.cat([w - log_z.exp(), w * torch.sigmoid(-a_h)], dim=-1)
+            log_gates, diff = saved
+            log_z, log_c = log_gates[..., :H], log_gates[..., H:]
+            K = torch.empty_like(log_gates)  # [dlog h_t / da_z, dlog h_t / da_h]
+            ratio = torch.sub(log_z, out)  # log z - log h_t
+            C = torch.add(diff, ratio).exp_()  # (1 - z) h_{t-1} / h_t
+            w = ratio.add_(log_c).exp_()  # z h~ / h_t, the weight of the new candidate in (7c)
+            torch.sub(w, log_z.exp(), out=K[..., :H])
+            torch.mul(w, torch.expm1(log_c).neg_(), out=K[..., H:])  # 1 - h~ = -expm1(log h~)
             gates = 2
         else:
+            (a,) = saved
             a_z, a_h = a[..., :H], a[..., H:]
             z = torch.sigmoid(a_z)
             C = 1 - z
             K = torch.cat([(a_h.clamp_min(0) - h_previous) * z * C, z * (a_h > 0)], dim=-1)
             gates = 2
-        grad_out = grad_out.contiguous()
-        da, grad_h0 = _gated_backward(K, C, grad_out, weight, gates)
+        da, grad_h0 = _gated_backward(K, C, grad_out.contiguous(), weight, gates)
         grad_weight = _weight_grad(da, h_previous) if ctx.needs_input_grad[2] else None
         return None, da, grad_weight, grad_h0 if ctx.needs_input_grad[3] else None
+
+
+@_script
+def _lbru_loop(proj: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor, h0: torch.Tensor,
+               out: torch.Tensor, s_out: torch.Tensor, pre: torch.Tensor, kept: Optional[torch.Tensor],
+               hidden: torch.Tensor, train: bool, input_gate: bool):
+    """Eq. 72-75 (77): see :class:`LBRURecurrence`. ``pre`` and ``hidden`` have ``T`` slots when kept for
+    backward, else two used in turn; ``kept`` is ``[a_z, q(, a_s)]`` per frame (``input_gate=False``)."""
+    B, H = h0.size(0), h0.size(1)
+    width = proj.size(2)
+    u = torch.empty_like(proj[0])  # (B, G*H)
+    sig = torch.empty_like(proj[:2])  # ping-pong: keeps z_{t-1} while z_t is formed
+    work = torch.empty_like(h0)
+    h, z_previous = h0, torch.zeros_like(h0)
+    for t in range(proj.size(0)):
+        torch.mm(h, weight_t, out=u)
+        a = torch.add(proj[t], u, out=pre[t if train and input_gate else t % 2])  # [a_z, a_r, ., a_s] (72), (73), (77)
+        e = torch.add(u[:, 2 * H : 3 * H], bias, out=hidden[t if train else t % 2])
+        torch.addcmul(proj[t, :, 2 * H : 3 * H], z_previous, e, out=a[:, 2 * H : 3 * H])  # (74)
+        if kept is not None:
+            kept[t, :, :H].copy_(a[:, :H])
+            kept[t, :, H:].copy_(a[:, 2 * H :])
+        gate = torch.sigmoid(a, out=sig[t % 2])  # [z, r, n, s]
+        n = gate[:, 2 * H : 3 * H]
+        if input_gate:
+            h = torch.addcmul(n, gate[:, H : 2 * H], torch.sub(h, n, out=work), out=out[t])  # (75)
+        else:
+            h = out[t].copy_(n)  # (36)
+        if width == 4 * H:
+            s_out[t].copy_(gate[:, 3 * H :])
+        z_previous = gate[:, :H]
+    return out
+
+
+@_script
+def _lbru_backward(P: torch.Tensor, M: torch.Tensor, C: torch.Tensor, grad_h: torch.Tensor, weight: torch.Tensor,
+                   du: torch.Tensor, G: torch.Tensor):
+    """The sequential part of :meth:`LBRURecurrence.backward`: ``G[t] = dL/dh_t`` (all included) and the
+    slots ``[a_z, a_r, U_n h_{t-1}]`` of ``du``, from ``du_z[t] = G[t+1] M[t]``, ``[du_r, du_n][t] = G[t] P[t]``
+    and ``G[t-1] = grad_h[t-1] + C[t] G[t] + du[t] @ weight``. Returns ``dL/dh_0``."""
+    T, B, H = grad_h.size(0), grad_h.size(1), grad_h.size(2)
+    du4 = du.view(T, B, du.size(2) // H, H)
+    G[T - 1].copy_(grad_h[T - 1])
+    du4[T - 1, :, 0].zero_()
+    carried = torch.empty_like(grad_h[0])
+    for t in range(T - 1, -1, -1):
+        g = G[t]
+        torch.mul(P[t], g.unsqueeze(1), out=du4[t, :, 1:3])
+        if t < T - 1:
+            torch.mul(G[t + 1], M[t], out=du4[t, :, 0])
+        if t > 0:
+            torch.addcmul(grad_h[t - 1], C[t], g, out=carried)
+            torch.addmm(carried, du[t], weight, out=G[t - 1])
+    return torch.addmm(C[0] * G[0], du[0], weight)
 
 
 class LBRURecurrence(torch.autograd.Function):
@@ -148,35 +258,13 @@ class LBRURecurrence(torch.autograd.Function):
         H = weight.size(1)
         gates = width // H
         train = _needs_grad(ctx)
-        n_slot = slice(2 * H, 3 * H)
         out = proj.new_empty(T, B, H)
         s_out = proj.new_empty(T, B, H) if gates == 4 else proj.new_empty(0)
         # Without the input gate the r slot is dead: keep [a_z, q(, a_s)] only, as autograd would.
         pre = _scratch(proj, width, train and input_gate)
         kept = proj.new_empty(T, B, width - H) if train and not input_gate else None
         hidden = _scratch(proj, H, train)  # U_n h_{t-1} + b_hh
-        sig = proj.new_empty(2, B, width)  # ping-pong: keeps z_{t-1} while z_t is formed
-        u, work = proj.new_empty(B, width), proj.new_empty(B, H)
-        weight_t = weight.t()
-        h, z_previous = h0, torch.zeros_like(h0)
-        for t in range(T):
-            i = t if train and input_gate else t % 2
-            torch.mm(h, weight_t, out=u)
-            a = torch.add(proj[t], u, out=pre[i])  # [a_z, a_r, ., a_s] (72), (73), (77)
-            e = torch.add(u[:, n_slot], bias, out=hidden[t if train else t % 2])
-            torch.addcmul(proj[t, :, n_slot], z_previous, e, out=a[:, n_slot])  # (74)
-            if kept is not None:
-                kept[t, :, :H].copy_(a[:, :H])
-                kept[t, :, H:].copy_(a[:, 2 * H :])
-            gate = torch.sigmoid(a, out=sig[t % 2])  # [z, r, n, s]
-            n = gate[:, n_slot]
-            if input_gate:
-                torch.addcmul(n, gate[:, H : 2 * H], torch.sub(h, n, out=work), out=out[t])  # (75)
-            else:
-                out[t].copy_(n)  # (36)
-            if gates == 4:
-                s_out[t].copy_(gate[:, 3 * H :])
-            h, z_previous = out[t], gate[:, :H]
+        _lbru_loop(proj, weight.t().contiguous(), bias, h0, out, s_out, pre, kept, hidden, train, input_gate)
         ctx.input_gate = input_gate
         if train and input_gate:
             ctx.save_for_backward(weight, h0, pre, hidden, out)
@@ -209,19 +297,13 @@ class LBRURecurrence(torch.autograd.Function):
         if gates == 4:
             s = sig[..., 3 * H :]
             du[..., 3 * H :] = grad_s * s * (1 - s)
-        dq = torch.empty_like(out)
-        grad_h = grad_h.contiguous()
-        g, gz = grad_h[T - 1].clone(), torch.zeros_like(h0)
-        for t in range(T - 1, -1, -1):
-            dq_t = torch.mul(g, K1[t], out=dq[t])
-            torch.mul(gz, K3[t], out=du[t, :, :H])
-            torch.mul(g, K2[t], out=du[t, :, H : 2 * H])
-            torch.mul(dq_t, z_previous[t], out=du[t, :, 2 * H : 3 * H])
-            gz = dq_t * E[t]  # through z_{t-1} in n_t
-            following = grad_h[t - 1] if t > 0 else torch.zeros_like(g)
-            g = torch.addmm(torch.addcmul(following, C[t], g), du[t], weight)
+        P = torch.stack([K2, K1 * z_previous], dim=2)  # (T, B, 2, H): du_r, du_n per unit of dL/dh_t
+        M = torch.zeros_like(K3)  # du_z[t] = dL/dh_{t+1} K1_{t+1} E_{t+1} K3_t: z_t enters n_{t+1}
+        torch.mul(K1[1:] * E[1:], K3[:-1], out=M[:-1])
+        G = torch.empty_like(K3)
+        g = _lbru_backward(P, M, C, grad_h.contiguous(), weight, du, G)
         grad_x = du.clone()
-        grad_x[..., 2 * H : 3 * H] = dq
+        grad_x[..., 2 * H : 3 * H] = G * K1  # dq
         grad_weight = _weight_grad(du, h_previous)
-        grad_bias = (dq * z_previous).sum((0, 1))
+        grad_bias = du[..., 2 * H : 3 * H].sum((0, 1))
         return None, grad_x, grad_weight, grad_bias, g

@@ -79,26 +79,24 @@ def ubru(cell, a: torch.Tensor, lengths: torch.Tensor):
         return alpha, alpha
     at_end = _at_end(lengths, T)
     if cell.backward == "kalman":
-        gamma = _kalman(cell, x, x0, k, log_t01, log_not_t01, at_end)
+        gamma = _kalman(x, k, at_end)
     else:
         gamma = _hmm(cell, a, x, lengths, log_not_t11 - log_not_t01, at_end)
     gamma = gamma.transpose(0, 1)
     return gamma, gamma
 
 
-def _kalman(cell, x, x0, k, log_t01, log_not_t01, at_end):
-    """Eq. 21 as the affine recursion ``gamma_t = A_t gamma_{t+1} + B_t`` (field notes)."""
-    x_previous = torch.cat([x0.unsqueeze(0), x[:-1]])  # (T, B, H)
-    softplus_previous = F.softplus(x_previous)
-    log_p = log_t01 + F.softplus(x_previous + k[0]) - softplus_previous  # (10), log p_t
-    log_not_p = log_not_t01 + F.softplus(x_previous + k[1]) - softplus_previous  # log(1 - p_t)
-    alpha = torch.sigmoid(x)
-    inv_p, inv_not_p = torch.exp(-log_p[1:]), torch.exp(-log_not_p[1:])  # 1 / p_{t+1}, 1 / (1 - p_{t+1})
-    not_t11 = torch.sigmoid(-cell.tau11_logit)
-    A = alpha[:-1] * (cell.tau11 * inv_p - not_t11 * inv_not_p)
-    B = alpha[:-1] * not_t11 * inv_not_p
-    A = torch.cat([A, torch.zeros_like(alpha[-1:])]).masked_fill(at_end, 0.0)
-    B = torch.where(at_end, alpha, torch.cat([B, alpha[-1:]]))  # gamma_T = alpha_T
+def _kalman(x, k, at_end):
+    """Eq. 21 as the affine recursion ``gamma_t = A_t gamma_{t+1} + B_t`` (field notes).
+
+    The two terms of eq. 21 are ``alpha_t tau11 / p_{t+1}`` and ``alpha_t (1 - tau11) / (1 - p_{t+1})``;
+    with ``p_{t+1} = tau11 alpha_t + tau01 (1 - alpha_t)`` (eq. 10) they are ``sigma(logit alpha_t + k_0)``
+    and ``sigma(logit alpha_t + k_1)``, so ``gamma_t = S_0 gamma_{t+1} + S_1 (1 - gamma_{t+1})``: one
+    sigmoid over all frames, no division by ``p``.
+    """
+    S = torch.sigmoid(x.unsqueeze(2) + k)  # (T, B, 2, H)
+    A = (S[:, :, 0] - S[:, :, 1]).masked_fill(at_end, 0.0)
+    B = torch.where(at_end, torch.sigmoid(x), S[:, :, 1])  # gamma_T = alpha_T
     return LinearRecurrence.apply(True, A, B)
 
 

@@ -13,10 +13,11 @@ vectorised PyTorch over all frames at once, so autograd handles it with a few la
   gamma), the TPAMI unit-wise smoothing (eq. 51), and the gradients of both.
 * :class:`MatrixRecurrence` ``y_t = A_t (W y_{t+1} + b) + B_t``: the TPAMI layer-wise smoothing (eq. 78).
 
-The field notes point out that the first two are associative scans. On a CPU the sequential loop is
-the faster of the two: at ``T = 400`` a parallel (Hillis-Steele) scan does ``log2 T = 9`` passes over
-all ``T*B*H`` values, i.e. about 9x the arithmetic, while the loop's cost is per-step launch overhead
-on ``B*H`` values, one to four kernels a step. A scan would pay on a GPU, where launches dominate.
+The field notes point out that the first two are associative scans. The nonlinear form stays a
+sequential loop (scripted, four kernels a step); the linear form runs as a two-level (chunked) scan,
+``~2 sqrt(T)`` small steps instead of ``T`` (:func:`_chunked`). A full parallel (Hillis-Steele) scan
+would do ``log2 T`` passes over all ``T*B*H`` values, about 9x the arithmetic at ``T = 400``: on a CPU
+the chunked scan's two passes are the better trade.
 
 Layout: time-major ``(T, B, H)``. Padding is the caller's job: a frame where a backward recursion
 restarts gets ``A_t = 0``.
@@ -27,7 +28,18 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-_softplus = torch._C._nn.softplus  # has an out= overload
+from models.fast_gated import _script
+
+@_script
+def _softplus_loop(c: torch.Tensor, K: torch.Tensor, x0: torch.Tensor, out: torch.Tensor):
+    """``out[t] = c[t] + softplus(x_{t-1} + K[t, :, 0]) - softplus(x_{t-1} + K[t, :, 1])``, ``x_{-1} = x0``."""
+    y = torch.empty_like(K[0])  # (B, 2, H)
+    x = x0
+    for t in range(c.size(0)):
+        torch.add(x.unsqueeze(1), K[t], out=y)
+        torch._C._nn.softplus(y, 1, 20, out=y)
+        x = torch.add(c[t], y[:, 0], out=out[t]).sub_(y[:, 1])
+    return out
 
 
 class SoftplusRecurrence(torch.autograd.Function):
@@ -36,14 +48,7 @@ class SoftplusRecurrence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, c, K, x0):
-        T, B, H = c.shape
-        out = c.new_empty(T, B, H)
-        y = c.new_empty(B, 2, H)
-        x = x0
-        for t in range(T):
-            _softplus(torch.add(x.unsqueeze(1), K[t], out=y), 1, 20, out=y)
-            torch.add(c[t], y[:, 0], out=out[t]).sub_(y[:, 1])
-            x = out[t]
+        out = _softplus_loop(c, K, x0, torch.empty_like(c))
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(K, x0, out)
         return out
@@ -69,13 +74,61 @@ def _linear_loop(A, B, reverse, shift=False):
     """
     T = B.size(0)
     y = torch.empty_like(B)
-    order = range(T - 1, -1, -1) if reverse else range(T)
-    offset = 1 if reverse else -1  # the neighbour already computed
-    y[order[0]].copy_(B[order[0]])
-    for t in order[1:]:
-        n = t + offset
-        torch.addcmul(B[t], A[n] if shift else A[t], y[n], out=y[t])
+    if shift:  # coef[t] = A[t -+ 1]: the coefficient linking t to its neighbour
+        coef = torch.empty_like(A)
+        if reverse:
+            coef[:-1] = A[1:]
+            coef[-1:].zero_()
+        else:
+            coef[1:] = A[:-1]
+            coef[:1].zero_()
+    else:
+        coef = A
+    _chunked(coef, B, y, reverse)
     return y
+
+
+def _chunked(coef, B, y, reverse):
+    """The linear recursion as a two-level scan: ``C`` chunks of ``L ~ sqrt(T)`` frames.
+
+    1. within every chunk at once, the recursion from zero and the running product ``Q`` of its
+       coefficients (``L`` steps over ``(C, B, H)``);
+    2. the chunks' boundary values in order (``C`` steps over ``(B, H)``);
+    3. one update of every frame with its chunk's incoming value times ``Q``.
+
+    About ``2 sqrt(T)`` small steps instead of ``T``, for twice the arithmetic: on a CPU the loop's
+    cost is launch overhead, not arithmetic. Each frame sums the same terms as in the plain loop,
+    only grouped differently; ``Q`` multiplies coefficients of magnitude at most one here, so it
+    can only underflow, towards the exact (negligible) value.
+    """
+    T = B.size(0)
+    L = max(1, int(round(T**0.5)))
+    C = T // L
+    r = T - C * L  # frames left over, run in order after the chunks
+    body = slice(r, T) if reverse else slice(0, C * L)
+    a, b, out = (v[body].unflatten(0, (C, L)) for v in (coef, B, y))  # (C, L, B, H)
+    Q = torch.empty_like(a)
+    steps = range(L - 1, -1, -1) if reverse else range(L)
+    first, n = steps[0], (1 if reverse else -1)
+    out[:, first].copy_(b[:, first])
+    Q[:, first].copy_(a[:, first])
+    for l in steps[1:]:
+        torch.addcmul(b[:, l], a[:, l], out[:, l + n], out=out[:, l])
+        torch.mul(a[:, l], Q[:, l + n], out=Q[:, l])
+    last = steps[-1]  # the frame of each chunk computed last: it feeds the next chunk
+    chunks = range(C - 1, -1, -1) if reverse else range(C)
+    for k in chunks[1:]:
+        out[k, last].addcmul_(Q[k, last], out[k + n, last])
+    # every other frame of chunks 1.. (in processing order) gets Q times the previous chunk's last frame
+    inner = slice(1, L) if reverse else slice(0, L - 1)
+    if reverse:
+        out[:-1, inner].addcmul_(Q[:-1, inner], out[1:, last : last + 1])
+    else:
+        out[1:, inner].addcmul_(Q[1:, inner], out[:-1, last : last + 1])
+    if r:
+        rest = range(r - 1, -1, -1) if reverse else range(C * L, T)
+        for t in rest:
+            torch.addcmul(B[t], coef[t], y[t + n], out=y[t])
 
 
 class LinearRecurrence(torch.autograd.Function):
