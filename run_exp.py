@@ -186,7 +186,7 @@ def has_unused_parameters(model: AcousticModel, device: torch.device) -> bool:
     """Whether some parameter gets no gradient (a unit option that leaves it out): DDP must then look
     for them at every step, which costs a traversal of the graph, so it is only asked to when needed."""
     model.eval()  # no dropout draws, no batch-norm statistics updated
-    out = model(torch.zeros(1, 2, model.input_size, device=device), torch.tensor([2]))
+    out = model(torch.zeros(1, 2, model.input_size, device=device), torch.tensor([2], device=device))
     sum(o.sum() for o in out.values()).backward()
     unused = any(p.grad is None for p in model.parameters() if p.requires_grad)
     model.zero_grad(set_to_none=True)
@@ -535,7 +535,8 @@ def run(argv=None) -> None:
 def main(argv=None) -> int:
     try:
         run(argv)
-    except (ConfigError, KaldiIOError, FileNotFoundError, FloatingPointError) as error:
+    except (ConfigError, KaldiIOError, FileNotFoundError, FloatingPointError, decode.DecodeInputError,
+            decode.KaldiDecodeError) as error:
         if logging.getLogger().handlers:  # also in log.txt
             log.error("error: %s", error)
         else:

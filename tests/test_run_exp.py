@@ -25,7 +25,10 @@ NO_DECODE = "--forward,require_decoding=False"
 
 
 def environment(corpus, exp_dir) -> dict:
-    return dict(os.environ, MINI_TIMIT=str(corpus.root), BRU_TEST_EXP=str(exp_dir), PYTHONUNBUFFERED="1")
+    # One OpenMP thread: these models are tiny, and on a loaded machine (CI, other test processes)
+    # OpenMP threads spinning against each other slowed a run from 10 s to 90 s.
+    return dict(os.environ, MINI_TIMIT=str(corpus.root), BRU_TEST_EXP=str(exp_dir), PYTHONUNBUFFERED="1",
+                OMP_NUM_THREADS="1")
 
 
 def run(corpus, exp_dir, *arguments, config=CFG, expect=0, launcher=()) -> subprocess.CompletedProcess:

@@ -54,18 +54,23 @@ _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctype
 class Espeak:
     """One espeak-ng instance (the library is process-global: create one per process).
 
-    >>> tts = Espeak()
+    >>> tts = Espeak.shared()
     >>> audio, phonemes = tts.synth("a cat", voice="en-us+m3", rate=170, pitch=50, pitch_range=50)
     >>> audio.dtype, [name for name, _ in phonemes][:3]
     (dtype('int16'), ['a#', 'k', "'a"])
     """
 
-    _instance_created = False
+    _instance: "Espeak | None" = None
+
+    @classmethod
+    def shared(cls) -> "Espeak":
+        """This process's instance, created on first use."""
+        return cls._instance or cls()
 
     def __init__(self):
         import espeakng_loader
 
-        if Espeak._instance_created:
+        if Espeak._instance is not None:
             raise RuntimeError("espeak-ng keeps global state: create one Espeak per process")
         self._lib = ctypes.CDLL(espeakng_loader.get_library_path())
         self._libc = ctypes.CDLL(ctypes.util.find_library("c"))
@@ -80,7 +85,7 @@ class Espeak:
         self._events: list[tuple[str, int]] = []
         self._callback = _CALLBACK(self._on_audio)  # kept referenced: espeak calls it later
         self._lib.espeak_SetSynthCallback(self._callback)
-        Espeak._instance_created = True
+        Espeak._instance = self
 
     def _on_audio(self, wav, num_samples, events):
         if num_samples > 0:

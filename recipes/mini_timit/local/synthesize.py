@@ -79,7 +79,7 @@ def synth_job(task: dict) -> list[tuple[str, list[list]]]:
 
     from recipes.mini_timit.local.espeak import SAMPLE_RATE, Espeak
 
-    tts = Espeak()
+    tts = Espeak.shared()
     out, babble_pool, channels = [], [], {}
     wav_dir = Path(task["wav_dir"])
     for utt, spk, text, sp, utt_seed in task["utts"]:
