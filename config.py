@@ -153,8 +153,7 @@ class Model:
 @dataclass
 class Forward:
     normalize_posteriors: bool = True  # log-likelihoods = log posteriors - log priors
-    normalize_with_counts_from: str = "lab_cd"
-    save_out_file: bool = True
+    normalize_with_counts_from: str = "lab_cd"  # the label stream whose counts give the priors: the senone one
     require_decoding: bool = True
 
 
@@ -412,6 +411,9 @@ def validate(config: Config) -> None:
     for name in config.model.inputs:
         if name not in fea_names:
             raise _unknown("feature stream in inputs", name, fea_names, f"{src} [model]")
+    if config.forward.normalize_posteriors and config.forward.normalize_with_counts_from != config.model.senone_lab:
+        raise ConfigError(f"{src} [forward] normalize_with_counts_from: the priors divide the senone posteriors, so it must "
+                          f"name [model] senone_lab = {config.model.senone_lab!r}, got {config.forward.normalize_with_counts_from!r}")
     lab_names = {s.lab_name for d in config.datasets for s in d.lab}
     for option in ("senone_lab", "mono_lab"):
         value = getattr(config.model, option)

@@ -33,8 +33,16 @@ def environment(corpus, exp_dir) -> dict:
 
 def run(corpus, exp_dir, *arguments, config=CFG, expect=0, launcher=()) -> subprocess.CompletedProcess:
     command = [*launcher] if launcher else [sys.executable]
-    result = subprocess.run([*command, "run_exp.py", str(config), *arguments], cwd=ROOT, env=environment(corpus, exp_dir),
-                            capture_output=True, text=True, timeout=300)
+    # its own process group, so that a run that hangs is killed with every worker torchrun started
+    process = subprocess.Popen([*command, "run_exp.py", str(config), *arguments], cwd=ROOT, env=environment(corpus, exp_dir),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     assert result.returncode == expect, f"exit code {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
 
