@@ -16,7 +16,7 @@ from torch.nn import functional as F
 
 from models.fast_gated import GatedRecurrence, LBRURecurrence
 from models.fast_scans import LinearRecurrence, MatrixRecurrence, SoftplusRecurrence
-from models.recurrent import log_sigmoid_pair, reverse_padded
+from models.recurrent import log_sigmoid_pair
 
 # unit -> the options with a fast path; anything else runs the reference loop.
 FAST = {
@@ -73,16 +73,23 @@ def ubru(cell, a: torch.Tensor, lengths: torch.Tensor):
     k = torch.stack([log_t11 - log_t01, log_not_t11 - log_not_t01])  # (2, H)
     x0 = cell.rho0_logit.expand(B, H)
     at = _time_major(a)  # (T, B, H)
-    x = SoftplusRecurrence.apply(at + (log_t01 - log_not_t01), k.expand(T, B, 2, H), x0)  # logit alpha (9)
+    c = at + (log_t01 - log_not_t01)
+    if cell.backward == "hmm":
+        # alpha and the HMM backward pass are independent recursions of the same form: one loop of
+        # width 2H runs both, the backward one on time-flipped inputs, so that each step launches the
+        # kernels of one recursion (the cost on a CPU is the launches, not the arithmetic).
+        c_back, j = _hmm_inputs(cell, at, log_not_t11 - log_not_t01, lengths)
+        both = SoftplusRecurrence.apply(torch.cat([c, c_back.flip(0)], -1),
+                                        torch.cat([k, j], -1).expand(T, B, 2, 2 * H),
+                                        torch.cat([x0, torch.full_like(x0, _NO_FUTURE)], -1))
+        x, r = both[..., :H], both[..., H:].flip(0)
+        gamma = torch.sigmoid(x + r - at).transpose(0, 1)  # rho_t = r_t - a_t
+        return gamma, gamma
+    x = SoftplusRecurrence.apply(c, k.expand(T, B, 2, H), x0)  # logit alpha (9)
     if cell.backward is None:
         alpha = torch.sigmoid(x).transpose(0, 1)
         return alpha, alpha
-    at_end = _at_end(lengths, T)
-    if cell.backward == "kalman":
-        gamma = _kalman(x, k, at_end)
-    else:
-        gamma = _hmm(cell, a, x, lengths, log_not_t11 - log_not_t01, at_end)
-    gamma = gamma.transpose(0, 1)
+    gamma = _kalman(x, k, _at_end(lengths, T)).transpose(0, 1)
     return gamma, gamma
 
 
@@ -100,22 +107,26 @@ def _kalman(x, k, at_end):
     return LinearRecurrence.apply(True, A, B)
 
 
-def _hmm(cell, a, x, lengths, c, at_end):
-    """Eq. 17-18 through ``rho_t = log beta_t - log beta-bar_t``; ``gamma_t = sigma(logit alpha_t + rho_t)``.
+# The value ``r`` takes after a sequence's end: far enough below any real one that ``softplus(r + j)``
+# is exactly 0, yet finite, so that no ``inf - inf`` appears.
+_NO_FUTURE = -1e30
+
+
+def _hmm_inputs(cell, at, c, lengths):
+    """Eq. 17-18 through ``rho_t = log beta_t - log beta-bar_t``, so that ``gamma_t = sigma(logit alpha_t + rho_t)``.
 
     Since ``alpha beta + (1 - alpha) beta-bar = 1`` (eq. 11), ``rho`` fixes gamma. Dividing eq. 17 by eq. 18
-    and using ``log(alpha / p) - log((1 - alpha) / (1 - p)) = a`` (eq. 9) gives the form of the forward pass,
-    run from each sequence's last frame: ``rho_t = log(1 - tau11) - log(1 - tau01)
-    + softplus(rho_{t+1} + a_{t+1} + logit tau11) - softplus(rho_{t+1} + a_{t+1} + logit tau01)``.
+    and using ``log(alpha / p) - log((1 - alpha) / (1 - p)) = a`` (eq. 9) gives
+    ``rho_t = c + softplus(rho_{t+1} + a_{t+1} + j_0) - softplus(rho_{t+1} + a_{t+1} + j_1)`` with
+    ``c = log(1 - tau11) - log(1 - tau01)`` and ``j = [logit tau11, logit tau01]``. In ``r_t = rho_t + a_t``
+    it is the form of the forward pass with constant ``j``, run backwards in time:
+    ``r_t = a_t + c + softplus(r_{t+1} + j_0) - softplus(r_{t+1} + j_1)``. At each sequence's last frame
+    ``rho = 0`` (``beta_T = beta-bar_T = 1``), so ``r = a``; after it (padding) ``r`` is ``_NO_FUTURE``,
+    where both softplus terms are exactly 0: the restart is exact and no gradient crosses it.
+
+    Returns the per-frame term ``(T, B, H)`` (time-major) and ``j`` ``(2, H)``.
     """
-    B, T, H = a.shape
-    if T == 1:
-        rho = torch.zeros_like(x)
-    else:
-        reversed_a = _time_major(reverse_padded(a, lengths))  # [t] = a_{len-1-t}: step s reads a_{len-s}
-        j = torch.stack([cell.tau11_logit, cell.tau01_logit])  # (2, H)
-        K = reversed_a[:-1].unsqueeze(2) + j  # (T-1, B, 2, H)
-        rest = SoftplusRecurrence.apply(c.expand(T - 1, B, H), K, torch.zeros_like(x[0]))
-        rho_reversed = torch.cat([torch.zeros_like(rest[:1]), rest])  # rho at each last frame is 0
-        rho = reverse_padded(rho_reversed.transpose(0, 1), lengths).transpose(0, 1).masked_fill(at_end, 0.0)
-    return torch.sigmoid(x + rho)
+    t = torch.arange(at.size(0), device=at.device)[:, None, None]
+    last = lengths[None, :, None] - 1
+    term = torch.where(t == last, at, at + c).masked_fill(t > last, _NO_FUTURE)
+    return term, torch.stack([cell.tau11_logit, cell.tau01_logit])

@@ -56,14 +56,19 @@ class SoftplusRecurrence(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        # In place wherever possible: on a CPU, fresh buffers of T*B*2*H floats cost page faults
+        # comparable to the arithmetic.
         K, x0, out = ctx.saved_tensors
-        x_previous = torch.cat([x0.unsqueeze(0), out[:-1]])  # (T, B, H)
-        S = torch.sigmoid(x_previous.unsqueeze(2) + K)  # (T, B, 2, H)
-        D = S[:, :, 0] - S[:, :, 1]  # dx_t / dx_{t-1}
+        S = torch.empty(K.shape, dtype=out.dtype, device=out.device)  # sigma(x_{t-1} + K_t), (T, B, 2, H)
+        torch.add(x0.unsqueeze(1), K[0], out=S[0])
+        torch.add(out[:-1].unsqueeze(2), K[1:], out=S[1:])
+        S.sigmoid_()
+        D = torch.sub(S[:, :, 0], S[:, :, 1])  # D_t = dx_t / dx_{t-1}
         G = _linear_loop(D, grad_out.contiguous(), reverse=True, shift=True)
-        grad_K = G.unsqueeze(2) * S
+        grad_x0 = D[0] * G[0]
+        grad_K = S.mul_(G.unsqueeze(2))
         grad_K[:, :, 1].neg_()
-        return G, grad_K, D[0] * G[0]
+        return G, grad_K, grad_x0
 
 
 def _linear_loop(A, B, reverse, shift=False):
