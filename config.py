@@ -126,6 +126,11 @@ class Architecture:
     backward: str = "none"  # ubru: none/kalman/hmm; ubru_tpami: none/unit; lbru: none/layer
     form: str = choice("log", "prob", default="log")  # bru, libru
     activation: str = "default"  # rnn, mlp
+    # unit-specific, "none" (the default) leaves the unit's own default
+    input_gate: Optional[bool] = None  # lbru, ubru_tpami: the TPAMI input gate (eq. 65-75), on by default
+    rho0: Optional[float] = None  # ubru: initial values of its probabilities (default 0.5, 0.9, 0.1)
+    tau11: Optional[float] = None
+    tau01: Optional[float] = None
     arch_lr: float = 0.0008
     arch_halving_factor: float = 0.5
     arch_improvement_threshold: float = 0.001
@@ -214,6 +219,10 @@ def _scalar(text: str, kind, where: str):
 
 def _convert(cls, f: dataclasses.Field, text: str, where: str):
     kind = typing.get_type_hints(cls)[f.name]
+    if typing.get_origin(kind) is typing.Union:  # Optional[X]: "none" is None
+        if text.strip().lower() == "none":
+            return None
+        (kind,) = (k for k in typing.get_args(kind) if k is not type(None))
     if typing.get_origin(kind) is list:
         (element,) = typing.get_args(kind)
         items = [t for t in re.split(r"[,\s]+", text.strip()) if t]
@@ -437,6 +446,15 @@ def unit_options(arch: Architecture) -> dict:
         if "activation" not in accepted:
             raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no activation option")
         options["activation"] = arch.activation
+    for name in ("input_gate", "rho0", "tau11", "tau01"):
+        value = getattr(arch, name)
+        if value is None:
+            continue
+        if name not in accepted:
+            takes = sorted(u for u in models.UNITS if name in models.cell_options(u))
+            raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no {name} option "
+                              f"(units that do: {', '.join(takes)})")
+        options[name] = value
     return options
 
 

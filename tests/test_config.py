@@ -83,6 +83,23 @@ def test_values_are_typed_and_lists_filled_per_layer(exp_root):
     assert cfg.model.mono_weight == 0.5
 
 
+def test_unit_options_reach_the_units():
+    """Set options reach ``models.build``; unset ones ("none") leave the unit's own defaults."""
+    from config import unit_options
+    import models
+
+    cfg = parse_config_text(BASE.replace("backward = kalman", "backward = kalman\nrho0 = 0.25\ntau11 = 0.75"))
+    rec, top = cfg.architectures
+    assert unit_options(top) == {"backward": "kalman", "rho0": 0.25, "tau11": 0.75}
+    layer = models.build(top.unit, 3, top.sizes[0], **unit_options(top))
+    assert layer.cells[0].rho0.tolist() == pytest.approx([0.25] * 8)
+    assert layer.cells[0].tau01.tolist() == pytest.approx([0.1] * 8)  # the unit's default
+    assert unit_options(rec) == {}
+    lbru = parse_config_text(BASE.replace("unit = ligru", "unit = lbru\ninput_gate = False")).architectures[0]
+    assert unit_options(lbru) == {"backward": None, "input_gate": False}
+    assert models.build("lbru", 3, 4, **unit_options(lbru)).cells[0].input_gate is False
+
+
 def test_overrides_replace_values():
     overrides = parse_overrides(["--exp,seed=99", "--architecture1,sizes=4,4,4", "--architecture1,bidirectional=True"])
     cfg = parse_config_text(BASE, overrides)
@@ -101,6 +118,9 @@ def test_overrides_replace_values():
         (("bidirectional = True,False", "bidirectional = True,False,True"), r"bidirectional: expected 1 or 2 values"),
         (("bidirectional = True,False", "bidirectional = maybe"), "expected a boolean"),
         (("backward = kalman", "backward = kalmann"), "backward must be one of"),
+        (("backward = kalman", "backward = kalman\ntau11 = 1.5"), r"tau11 must be a probability in \(0, 1\), got 1.5"),
+        (("backward = kalman", "backward = kalman\ninput_gate = False"), r"unit ubru takes no input_gate option \(units that do: lbru, ubru_tpami\)"),
+        (("unit = ligru", "unit = ligru\nrho0 = 0.3"), r"unit ligru takes no rho0 option \(units that do: ubru\)"),
         (("stack = rec,top", "stack = rec,tpo"), r"unknown architecture in stack 'tpo' \(did you mean 'top'\?\)"),
         (("valid_with = train", "valid_with = dev"), r"unknown dataset for valid_with 'dev'"),
         (("inputs = fbank,mfcc", "inputs = fbank,plp"), "unknown feature stream in inputs 'plp'"),
