@@ -280,11 +280,14 @@ _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|([A-Za-
 
 
 def _expand(value: str, where: str) -> str:
-    """Expand ``$VAR``, ``${VAR}`` and ``${VAR:-default}`` (default when unset or empty) from the environment.
+    """Expand ``$VAR``, ``${VAR}`` and ``${VAR:-default}`` (default when unset or empty, itself expanded:
+    ``${VAR:-$OTHER/x}``) from the environment.
 
     >>> os.environ["BRU_DOCTEST"] = "/corpora/timit"
     >>> _expand("$BRU_DOCTEST/data/train/feats.scp", "x"), _expand("${BRU_UNSET_VAR:-recipes/mini_timit}/data", "x")
     ('/corpora/timit/data/train/feats.scp', 'recipes/mini_timit/data')
+    >>> _expand("${BRU_UNSET_VAR:-$BRU_DOCTEST/exp}", "x")
+    '/corpora/timit/exp'
     """
 
     def substitute(match: re.Match) -> str:
@@ -294,8 +297,9 @@ def _expand(value: str, where: str) -> str:
         if found:
             return found
         if default is not None:
-            return default
-        raise ConfigError(f"{where}: environment variable ${name} is not set (used in {value.strip()!r})")
+            return _expand(default, where)
+        state = "is empty" if name in os.environ else "is not set"
+        raise ConfigError(f"{where}: environment variable ${name} {state} (used in {value.strip()!r})")
 
     return _VARIABLE.sub(substitute, value)
 

@@ -156,3 +156,9 @@ def test_resolved_config_reads_back_identically(tmp_path):
         assert getattr(again, name) == getattr(cfg, name), name
     assert again.architectures == cfg.architectures
     assert [dataclasses.asdict(d) for d in again.datasets] == [dataclasses.asdict(d) for d in cfg.datasets]
+
+
+def test_empty_variable_is_named_as_empty(monkeypatch):
+    monkeypatch.setenv("BRU_EMPTY", "")
+    with pytest.raises(ConfigError, match=r"environment variable \$BRU_EMPTY is empty"):
+        parse_config_text(BASE.replace("$BRU_TEST_EXP/demo", "$BRU_EMPTY/demo"))
