@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import models
+from feature_transforms import parse_fea_opts
 
 
 class ConfigError(ValueError):
@@ -395,6 +396,11 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{src}: every [datasetN] needs data_name and at least one fea stream")
         if d.n_chunks < 1:
             raise ConfigError(f"{src} dataset {d.data_name} n_chunks: expected a positive integer, got {d.n_chunks}")
+        for stream in d.fea:  # here, not when the chunk is loaded minutes later
+            try:
+                parse_fea_opts(stream.fea_opts)
+            except ValueError as error:
+                raise ConfigError(f"{src} dataset {d.data_name} stream {stream.fea_name}: {error}") from None
     use = config.data_use
     for option, value in (("train_with", use.train_with), ("valid_with", use.valid_with), *(("forward_with", v) for v in use.forward_with)):
         if value not in names:

@@ -124,6 +124,8 @@ def test_overrides_replace_values():
         (("stack = rec,top", "stack = rec,tpo"), r"unknown architecture in stack 'tpo' \(did you mean 'top'\?\)"),
         (("valid_with = train", "valid_with = dev"), r"unknown dataset for valid_with 'dev'"),
         (("inputs = fbank,mfcc", "inputs = fbank,plp"), "unknown feature stream in inputs 'plp'"),
+        (("ark:- ark:- |", "ark:- ark:- | add-deltas --delta-ordr=2 ark:- ark:- |"),
+         r"dataset train stream fbank: fea_opts add-deltas: unsupported options"),
         (("    cw_left=2", "    cw_lft=2"), r"unknown option 'cw_lft' \(did you mean 'cw_left'\?\)"),
         (("out_folder = $BRU_TEST_EXP/demo", "out_folder = $BRU_NOT_SET/demo"), r"environment variable \$BRU_NOT_SET is not set"),
     ],
