@@ -114,6 +114,8 @@ class Batches:
     batch_size_valid: int = 8
     max_seq_length_valid: int = 0  # 0: no limit
     long_utterances: str = choice("split", "drop", default="split")
+    max_missing_fraction: float = 0.05  # utterances missing from a stream or the labels: skipped up to this
+    length_tolerance: int = 0  # frames by which features and alignments may differ (trimmed to the shortest)
 
 
 @dataclass
@@ -401,6 +403,11 @@ def validate(config: Config) -> None:
                 parse_fea_opts(stream.fea_opts)
             except ValueError as error:
                 raise ConfigError(f"{src} dataset {d.data_name} stream {stream.fea_name}: {error}") from None
+    b = config.batches
+    if not 0.0 <= b.max_missing_fraction <= 1.0:
+        raise ConfigError(f"{src} [batches] max_missing_fraction: expected a fraction in [0, 1], got {b.max_missing_fraction}")
+    if b.length_tolerance < 0:
+        raise ConfigError(f"{src} [batches] length_tolerance: expected frames >= 0, got {b.length_tolerance}")
     use = config.data_use
     for option, value in (("train_with", use.train_with), ("valid_with", use.valid_with), *(("forward_with", v) for v in use.forward_with)):
         if value not in names:

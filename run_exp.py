@@ -144,12 +144,13 @@ def label_names(config: Config) -> list[str]:
 
 def loader_options(config: Config, purpose: str) -> LoaderOptions:
     b = config.batches
+    checks = dict(max_missing_fraction=b.max_missing_fraction, length_tolerance=b.length_tolerance)
     if purpose == "train":
-        return LoaderOptions(b.batch_size_train, b.max_seq_length_train, b.long_utterances, config.exp.seed, shuffle=True)
+        return LoaderOptions(b.batch_size_train, b.max_seq_length_train, b.long_utterances, config.exp.seed, shuffle=True, **checks)
     if purpose == "valid":
-        return LoaderOptions(b.batch_size_valid, b.max_seq_length_valid, b.long_utterances, config.exp.seed, shuffle=False)
+        return LoaderOptions(b.batch_size_valid, b.max_seq_length_valid, b.long_utterances, config.exp.seed, shuffle=False, **checks)
     # forward: whole utterances (their keys name the output rows), in scp order
-    return LoaderOptions(b.batch_size_valid, 0, "split", config.exp.seed, shuffle=False)
+    return LoaderOptions(b.batch_size_valid, 0, "split", config.exp.seed, shuffle=False, **checks)
 
 
 def save_norm(path: Path, norm: GlobalNorm) -> None:

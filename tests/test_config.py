@@ -126,6 +126,7 @@ def test_overrides_replace_values():
         (("inputs = fbank,mfcc", "inputs = fbank,plp"), "unknown feature stream in inputs 'plp'"),
         (("ark:- ark:- |", "ark:- ark:- | add-deltas --delta-ordr=2 ark:- ark:- |"),
          r"dataset train stream fbank: fea_opts add-deltas: unsupported options"),
+        (("n_chunks = 2", "n_chunks = 2\n[batches]\nmax_missing_fraction = 5"), r"\[batches\] max_missing_fraction: expected a fraction in \[0, 1\], got 5"),
         (("    cw_left=2", "    cw_lft=2"), r"unknown option 'cw_lft' \(did you mean 'cw_left'\?\)"),
         (("out_folder = $BRU_TEST_EXP/demo", "out_folder = $BRU_NOT_SET/demo"), r"environment variable \$BRU_NOT_SET is not set"),
     ],
@@ -164,3 +165,12 @@ def test_empty_variable_is_named_as_empty(monkeypatch):
     monkeypatch.setenv("BRU_EMPTY", "")
     with pytest.raises(ConfigError, match=r"environment variable \$BRU_EMPTY is empty"):
         parse_config_text(BASE.replace("$BRU_TEST_EXP/demo", "$BRU_EMPTY/demo"))
+
+
+def test_batches_checks_reach_the_loader():
+    from run_exp import loader_options
+
+    cfg = parse_config_text(BASE.replace("n_chunks = 2", "n_chunks = 2\n[batches]\nmax_missing_fraction = 0.2\nlength_tolerance = 3"))
+    for purpose in ("train", "valid", "forward"):
+        options = loader_options(cfg, purpose)
+        assert (options.max_missing_fraction, options.length_tolerance) == (0.2, 3), purpose
