@@ -321,7 +321,8 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
                 stats = [stats[0] + loss_sum, stats[1] + errors, stats[2] + frames]
             if not np.isfinite(loss_sum):
                 raise FloatingPointError(f"epoch {epoch + 1}, chunk {chunk + 1}: the loss is {loss_sum} on utterances "
-                                         f"{batch.keys[:4]}; lower the learning rate or enable clip_grad_norm")
+                                         f"{batch.keys[:4]}; lower [architectureN] arch_lr (RMSprop's first steps are several times lr) or set "
+                                         f"clip_grad_norm")
             bar.update(batch.num_frames)
             bar.set_postfix(loss=f"{stats[0] / max(stats[2], 1):.3f}", refresh=False)
         bar.close()
