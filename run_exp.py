@@ -479,7 +479,7 @@ def run(argv=None) -> None:
     elif dist.world > 1:  # share the cores between the processes instead of oversubscribing them
         torch.set_num_threads(max(1, torch.get_num_threads() // dist.world))
     # Gradients that decay through hundreds of frames reach subnormal floats, which x86 CPUs handle
-    # in microcode: flushing them to zero halved a Li-GRU training step (numerically nothing: < 1.2e-38).
+    # in microcode: flushing them to zero halved the backward pass of a Li-GRU step (they are < 1.2e-38).
     torch.set_flush_denormal(True)
     exp = Experiment(config.exp.out_folder)
     if args.force and dist.main and exp.folder.exists():
