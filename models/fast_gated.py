@@ -275,6 +275,8 @@ class LBRURecurrence(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_h, grad_s):
+        # Few and in-place temporaries: on a CPU each fresh (T, B, H) buffer costs page faults
+        # comparable to the arithmetic, and this glue, not the loop, was half of the backward pass.
         weight, h0, pre, E, *out = ctx.saved_tensors
         H = weight.size(1)
         if not ctx.input_gate:  # [a_z, q(, a_s)] -> [a_z, 0, q(, a_s)]
@@ -284,26 +286,29 @@ class LBRURecurrence(torch.autograd.Function):
         sig = torch.sigmoid(pre)
         z, r, n = sig[..., :H], sig[..., H : 2 * H], sig[..., 2 * H : 3 * H]
         out = out[0] if out else n
-        z_previous = torch.cat([torch.zeros_like(h0).unsqueeze(0), z[:-1]])
         h_previous = torch.cat([h0.unsqueeze(0), out[:-1]])
+        P = torch.empty(T, B, 2, H, dtype=pre.dtype, device=pre.device)  # du_r, du_n per unit of dL/dh_t
+        K1 = torch.addcmul(n, n, n, value=-1.0)  # n (1 - n)
         if ctx.input_gate:
-            K1 = (1 - r) * n * (1 - n)  # dq / dh_t
-            K2 = (h_previous - n) * r * (1 - r)  # d a_r / dh_t
+            K1.addcmul_(K1, r, value=-1.0)  # dq / dh_t = (1 - r) n (1 - n)
+            torch.sub(h_previous, n, out=P[:, :, 1])  # scratch for h_{t-1} - n
+            torch.addcmul(r, r, r, value=-1.0, out=P[:, :, 0]).mul_(P[:, :, 1])  # d a_r / dh_t = (h_{t-1} - n) r (1 - r)
             C = r
         else:
-            K1, K2, C = n * (1 - n), torch.zeros_like(n), torch.zeros_like(n)
-        K3 = z * (1 - z)
+            P[:, :, 0].zero_()
+            C = torch.zeros_like(n)
+        torch.mul(K1[1:], z[:-1], out=P[1:, :, 1])  # K1 z_{t-1}
+        P[0, :, 1].zero_()  # z_0 = 0
         du = torch.empty_like(pre)  # gradients of [a_z, a_r, U_n h_{t-1}, a_s]
         if gates == 4:
             s = sig[..., 3 * H :]
-            du[..., 3 * H :] = grad_s * s * (1 - s)
-        P = torch.stack([K2, K1 * z_previous], dim=2)  # (T, B, 2, H): du_r, du_n per unit of dL/dh_t
-        M = torch.zeros_like(K3)  # du_z[t] = dL/dh_{t+1} K1_{t+1} E_{t+1} K3_t: z_t enters n_{t+1}
-        torch.mul(K1[1:] * E[1:], K3[:-1], out=M[:-1])
-        G = torch.empty_like(K3)
+            torch.addcmul(s, s, s, value=-1.0, out=du[..., 3 * H :]).mul_(grad_s)
+        M = torch.addcmul(z, z, z, value=-1.0)  # du_z[t] = dL/dh_{t+1} K1_{t+1} E_{t+1} z_t (1 - z_t):
+        M[:-1].mul_(K1[1:]).mul_(E[1:])  # z_t enters n_{t+1}
+        M[-1].zero_()
+        G = torch.empty_like(K1)
         g = _lbru_backward(P, M, C, grad_h.contiguous(), weight, du, G)
-        grad_x = du.clone()
-        grad_x[..., 2 * H : 3 * H] = G * K1  # dq
         grad_weight = _weight_grad(du, h_previous)
         grad_bias = du[..., 2 * H : 3 * H].sum((0, 1))
-        return None, grad_x, grad_weight, grad_bias, g
+        torch.mul(G, K1, out=du[..., 2 * H : 3 * H])  # dq: du becomes the gradient of the projections
+        return None, du, grad_weight, grad_bias, g
