@@ -88,7 +88,7 @@ def main():
     parser.add_argument("--frames", type=int, default=400)
     parser.add_argument("--features", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of the fast path and the LSTM")
-    parser.add_argument("--reference-repeats", type=int, default=1, help="timed runs of the (slow) reference loop")
+    parser.add_argument("--reference-repeats", type=int, default=1, help="timed runs of the (slow) reference loop; 0 skips it")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     print(" ".join(sys.argv))
@@ -133,8 +133,10 @@ def main():
             f, b = measure(lstm, x, (), device, 1, warm_up=False)
             lstm_f.append(f), lstm_b.append(b)
         # The fast path has warmed up the same kernels; the reference loop is too slow to run twice.
-        ref_f, ref_b = measure(set_implementation(layer, "reference"), x, (lengths,), device,
-                               args.reference_repeats, warm_up=False)
+        ref_f = ref_b = float("nan")  # --reference-repeats 0 skips the reference loop
+        if args.reference_repeats:
+            ref_f, ref_b = measure(set_implementation(layer, "reference"), x, (lengths,), device,
+                                   args.reference_repeats, warm_up=False)
         fast_f, fast_b = statistics.median(fast_f), statistics.median(fast_b)
         lstm_f, lstm_b = statistics.median(lstm_f), statistics.median(lstm_b)
         print(f"{spec:<12} {hidden:>4} {direction:<4} {fast_f:>9.1f} {fast_b:>9.1f} {ref_f:>9.1f} {ref_b:>9.1f} "

@@ -28,6 +28,11 @@ from typing import Optional
 import torch
 from torch.autograd.function import once_differentiable
 
+from models.native import native_ops
+
+
+_KINDS = ("bru", "libru", "ligru")  # the order of the C++ kernel's GatedKind
+
 
 def _needs_grad(ctx) -> bool:
     return any(ctx.needs_input_grad)
@@ -143,14 +148,20 @@ class GatedRecurrence(torch.autograd.Function):
         T, B, width = proj.shape
         H = weight.size(1)
         train = _needs_grad(ctx)
-        out = proj.new_empty(T, B, H)
         weight_t = weight.t().contiguous()  # (H, G*H): a plain (not transposed) operand is faster for small B
-        if kind == "libru":
+        ops = native_ops(proj)
+        if ops is not None:
+            out, *saved = ops.gated_forward(_KINDS.index(kind), proj, weight_t, h0.contiguous(), train)
+            saved = saved if kind == "libru" else saved[:1] if kind == "ligru" else []
+        elif kind == "libru":
+            out = proj.new_empty(T, B, H)
             saved = (_scratch(proj, width, train), _scratch(proj, H, train))  # [log z, log h~], log h_{t-1} - a_z
             _libru_loop(proj, weight_t, h0, out, *saved, train)
         else:
-            saved = (_scratch(proj, width, train),)  # pre-activations a_t
-            (_bru_loop if kind == "bru" else _ligru_loop)(proj, weight_t, h0, out, *saved, train)
+            out = proj.new_empty(T, B, H)
+            pre = _scratch(proj, width, train and kind == "ligru")  # pre-activations a_t
+            (_bru_loop if kind == "bru" else _ligru_loop)(proj, weight_t, h0, out, pre, train and kind == "ligru")
+            saved = [pre] if kind == "ligru" else []  # BRU: 1 - sigma(a) = -expm1(log h)
         ctx.kind = kind
         if train:
             ctx.save_for_backward(weight, h0, out, *saved)
@@ -162,9 +173,8 @@ class GatedRecurrence(torch.autograd.Function):
         weight, h0, out, *saved = ctx.saved_tensors
         H = weight.size(1)
         h_previous = torch.cat([h0.unsqueeze(0), out[:-1]])  # (T, B, H)
-        if ctx.kind == "bru":
-            (a,) = saved
-            K, C, gates = torch.sigmoid(-a), torch.zeros_like(out), 1  # d log sigma(a) / da = 1 - sigma(a)
+        if ctx.kind == "bru":  # d log sigma(a) / da = 1 - sigma(a) = -expm1(log h)
+            K, C, gates = torch.expm1(out).neg_(), torch.zeros_like(out), 1
         elif ctx.kind == "libru":
             log_gates, diff = saved
             log_z, log_c = log_gates[..., :H], log_gates[..., H:]
@@ -182,7 +192,11 @@ class GatedRecurrence(torch.autograd.Function):
             C = 1 - z
             K = torch.cat([(a_h.clamp_min(0) - h_previous) * z * C, z * (a_h > 0)], dim=-1)
             gates = 2
-        da, grad_h0 = _gated_backward(K, C, grad_out.contiguous(), weight, gates)
+        ops = native_ops(out)
+        if ops is not None:
+            da, grad_h0 = ops.gated_backward(K.contiguous(), C.contiguous(), grad_out.contiguous(), weight.contiguous())
+        else:
+            da, grad_h0 = _gated_backward(K, C, grad_out.contiguous(), weight, gates)
         grad_weight = _weight_grad(da, h_previous) if ctx.needs_input_grad[2] else None
         return None, da, grad_weight, grad_h0 if ctx.needs_input_grad[3] else None
 
@@ -247,9 +261,9 @@ class LBRURecurrence(torch.autograd.Function):
     Shapes: ``proj`` ``(T, B, G*H)``, ``weight`` ``(G*H, H)``, ``bias`` ``(H,)`` (``b_hh``), ``h0`` ``(B, H)``
     -> ``h`` ``(T, B, H)`` and ``s`` ``(T, B, H)`` (empty unless ``G = 4``).
 
-    Saved per frame: the pre-activations ``[a_z, a_r, q, a_s]`` (``q`` that of ``n``, eq. 74),
-    ``U_n h_{t-1} + b_hh`` and ``h``: ``(G + 2) H`` values; without the input gate ``h_t = n_t`` and ``a_r``
-    is unused, so ``G H``.
+    Saved per frame: ``[z, r, n, s]`` (C++ kernels: the gate values) or ``[a_z, a_r, q, a_s]`` (TorchScript:
+    the pre-activations, ``q`` that of ``n``, eq. 74), ``U_n h_{t-1} + b_hh`` and ``h``: ``(G + 2) H`` values;
+    without the input gate ``h_t = n_t`` and ``r`` is unused, so ``G H``.
     """
 
     @staticmethod
@@ -258,17 +272,24 @@ class LBRURecurrence(torch.autograd.Function):
         H = weight.size(1)
         gates = width // H
         train = _needs_grad(ctx)
-        out = proj.new_empty(T, B, H)
-        s_out = proj.new_empty(T, B, H) if gates == 4 else proj.new_empty(0)
-        # Without the input gate the r slot is dead: keep [a_z, q(, a_s)] only, as autograd would.
-        pre = _scratch(proj, width, train and input_gate)
-        kept = proj.new_empty(T, B, width - H) if train and not input_gate else None
-        hidden = _scratch(proj, H, train)  # U_n h_{t-1} + b_hh
-        _lbru_loop(proj, weight.t().contiguous(), bias, h0, out, s_out, pre, kept, hidden, train, input_gate)
+        ops = native_ops(proj)
+        ctx.native = ops is not None
+        if ctx.native:  # the gate values [z, r, n(, s)], or [z, n(, s)] without the input gate
+            out, s_out, pre, hidden = ops.lbru_forward(proj, weight.t().contiguous(), bias.contiguous(),
+                                                       h0.contiguous(), train, input_gate)
+            kept = pre
+        else:
+            out = proj.new_empty(T, B, H)
+            s_out = proj.new_empty(T, B, H) if gates == 4 else proj.new_empty(0)
+            # Without the input gate the r slot is dead: keep [a_z, q(, a_s)] only, as autograd would.
+            pre = _scratch(proj, width, train and input_gate)
+            kept = proj.new_empty(T, B, width - H) if train and not input_gate else None
+            hidden = _scratch(proj, H, train)  # U_n h_{t-1} + b_hh
+            _lbru_loop(proj, weight.t().contiguous(), bias, h0, out, s_out, pre, kept, hidden, train, input_gate)
         ctx.input_gate = input_gate
         if train and input_gate:
             ctx.save_for_backward(weight, h0, pre, hidden, out)
-        elif train:  # h_t = n_t is recomputed from q_t
+        elif train:  # h_t = n_t, kept (C++) or recomputed from q_t
             ctx.save_for_backward(weight, h0, kept, hidden)
         return out, s_out
 
@@ -279,6 +300,16 @@ class LBRURecurrence(torch.autograd.Function):
         # comparable to the arithmetic, and this glue, not the loop, was half of the backward pass.
         weight, h0, pre, E, *out = ctx.saved_tensors
         H = weight.size(1)
+        if ctx.native:  # everything per frame inside the loop (see the C++ kernel's comment); pre: gate values
+            ops, empty = native_ops(pre), pre.new_empty(0)
+            grad_s = grad_s.contiguous() if weight.size(0) == 4 * H else empty
+            du, dq, g = ops.lbru_backward(pre, E, out[0] if out else empty, h0.contiguous(), grad_h.contiguous(),
+                                          grad_s, weight.contiguous(), ctx.input_gate)
+            h = out[0] if out else pre[..., H : 2 * H]  # without the input gate h_t = n_t
+            grad_weight = torch.addmm(du[0].t().mm(h0), du[1:].flatten(0, 1).t(), h[:-1].flatten(0, 1))
+            grad_bias = du[..., 2 * H : 3 * H].sum((0, 1))
+            du[..., 2 * H : 3 * H] = dq  # du becomes the gradient of the projections
+            return None, du, grad_weight, grad_bias, g
         if not ctx.input_gate:  # [a_z, q(, a_s)] -> [a_z, 0, q(, a_s)]
             pre = torch.cat([pre[..., :H], torch.zeros_like(pre[..., :H]), pre[..., H:]], dim=-1)
         T, B, width = pre.shape

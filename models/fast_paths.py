@@ -15,7 +15,8 @@ import torch
 from torch.nn import functional as F
 
 from models.fast_gated import GatedRecurrence, LBRURecurrence
-from models.fast_scans import LinearRecurrence, MatrixRecurrence, SoftplusRecurrence
+from models.fast_scans import KalmanSmoother, LinearRecurrence, MatrixRecurrence, SoftplusRecurrence
+from models.native import native_ops
 from models.recurrent import log_sigmoid_pair
 
 # unit -> the options with a fast path; anything else runs the reference loop.
@@ -54,8 +55,7 @@ def lbru(cell, proj: torch.Tensor, lengths: torch.Tensor):
         s_next = torch.cat([s[1:], torch.zeros_like(s[:1])])  # (T, B, H)
         at_end = _at_end(lengths, T)
         A = s_next.masked_fill(at_end, 0.0)
-        B = torch.where(at_end, h, (1 - s_next) * h)
-        h = MatrixRecurrence.apply(A, B, cell.backward_recurrent.weight, cell.backward_recurrent.bias)
+        h = MatrixRecurrence.apply(A, h, cell.backward_recurrent.weight, cell.backward_recurrent.bias)
     h = h.transpose(0, 1)
     return h, h
 
@@ -80,16 +80,20 @@ def ubru(cell, a: torch.Tensor, lengths: torch.Tensor):
         # kernels of one recursion (the cost on a CPU is the launches, not the arithmetic).
         c_back, j = _hmm_inputs(cell, at, log_not_t11 - log_not_t01, lengths)
         both = SoftplusRecurrence.apply(torch.cat([c, c_back.flip(0)], -1),
-                                        torch.cat([k, j], -1).expand(T, B, 2, 2 * H),
+                                        torch.cat([k, j], -1),
                                         torch.cat([x0, torch.full_like(x0, _NO_FUTURE)], -1))
         x, r = both[..., :H], both[..., H:].flip(0)
         gamma = torch.sigmoid(x + r - at).transpose(0, 1)  # rho_t = r_t - a_t
         return gamma, gamma
-    x = SoftplusRecurrence.apply(c, k.expand(T, B, 2, H), x0)  # logit alpha (9)
+    x = SoftplusRecurrence.apply(c, k, x0)  # logit alpha (9)
     if cell.backward is None:
         alpha = torch.sigmoid(x).transpose(0, 1)
         return alpha, alpha
-    gamma = _kalman(x, k, _at_end(lengths, T)).transpose(0, 1)
+    if native_ops(x) is not None:
+        gamma = KalmanSmoother.apply(x, k, lengths - 1)
+    else:
+        gamma = _kalman(x, k, _at_end(lengths, T))
+    gamma = gamma.transpose(0, 1)
     return gamma, gamma
 
 

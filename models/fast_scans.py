@@ -11,7 +11,7 @@ vectorised PyTorch over all frames at once, so autograd handles it with a few la
   recursion ``g_{t-1} = dL/dx_{t-1} + D_t g_t`` with ``D_t = sigma(.)[0] - sigma(.)[1]``.
 * :class:`LinearRecurrence` ``y_t = A_t y_{t+-1} + B_t``: the Kalman backward pass (field notes: affine in
   gamma), the TPAMI unit-wise smoothing (eq. 51), and the gradients of both.
-* :class:`MatrixRecurrence` ``y_t = A_t (W y_{t+1} + b) + B_t``: the TPAMI layer-wise smoothing (eq. 78).
+* :class:`MatrixRecurrence` ``y_t = A_t (W y_{t+1} + b) + (1 - A_t) h_t``: the TPAMI layer-wise smoothing (eq. 78).
 
 The field notes point out that the first two are associative scans. The nonlinear form stays a
 sequential loop (scripted, four kernels a step); the linear form runs as a two-level (chunked) scan,
@@ -29,46 +29,58 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from models.fast_gated import _script
+from models.native import native_ops
 
 @_script
-def _softplus_loop(c: torch.Tensor, K: torch.Tensor, x0: torch.Tensor, out: torch.Tensor):
-    """``out[t] = c[t] + softplus(x_{t-1} + K[t, :, 0]) - softplus(x_{t-1} + K[t, :, 1])``, ``x_{-1} = x0``."""
-    y = torch.empty_like(K[0])  # (B, 2, H)
+def _softplus_loop(c: torch.Tensor, k: torch.Tensor, x0: torch.Tensor, out: torch.Tensor):
+    """``out[t] = c[t] + softplus(x_{t-1} + k[0]) - softplus(x_{t-1} + k[1])``, ``x_{-1} = x0``."""
+    y = torch.empty(x0.size(0), 2, x0.size(1), dtype=c.dtype, device=c.device)
     x = x0
     for t in range(c.size(0)):
-        torch.add(x.unsqueeze(1), K[t], out=y)
+        torch.add(x.unsqueeze(1), k, out=y)
         torch._C._nn.softplus(y, 1, 20, out=y)
         x = torch.add(c[t], y[:, 0], out=out[t]).sub_(y[:, 1])
     return out
 
 
 class SoftplusRecurrence(torch.autograd.Function):
-    """Shapes: ``c`` ``(T, B, H)``, ``K`` ``(T, B, 2, H)`` (may be an expanded view), ``x0`` ``(B, H)``
-    -> ``x`` ``(T, B, H)``."""
+    """Shapes: ``c`` ``(T, B, H)``, ``k`` ``(2, H)``, ``x0`` ``(B, H)`` -> ``x`` ``(T, B, H)``.
+
+    On a CPU both passes are one call of the C++ kernels (:mod:`models.native`), threads split by unit.
+    """
 
     @staticmethod
-    def forward(ctx, c, K, x0):
-        out = _softplus_loop(c, K, x0, torch.empty_like(c))
+    def forward(ctx, c, k, x0):
+        ops = native_ops(c)
+        if ops is not None:
+            out = ops.softplus_scan(c.contiguous(), k.contiguous(), x0.contiguous())
+        else:
+            out = _softplus_loop(c, k, x0, torch.empty_like(c))
         if any(ctx.needs_input_grad):
-            ctx.save_for_backward(K, x0, out)
+            ctx.save_for_backward(k, x0, out)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        k, x0, out = ctx.saved_tensors
+        ops = native_ops(out)
+        if ops is not None:
+            G, grad_k, grad_x0 = ops.softplus_scan_backward(grad_out.contiguous(), k.contiguous(), x0.contiguous(), out)
+            return G, grad_k.sum(1), grad_x0
         # In place wherever possible: on a CPU, fresh buffers of T*B*2*H floats cost page faults
         # comparable to the arithmetic.
-        K, x0, out = ctx.saved_tensors
-        S = torch.empty(K.shape, dtype=out.dtype, device=out.device)  # sigma(x_{t-1} + K_t), (T, B, 2, H)
-        torch.add(x0.unsqueeze(1), K[0], out=S[0])
-        torch.add(out[:-1].unsqueeze(2), K[1:], out=S[1:])
+        T, B, H = out.shape
+        S = torch.empty(T, B, 2, H, dtype=out.dtype, device=out.device)  # sigma(x_{t-1} + k), (T, B, 2, H)
+        torch.add(x0.unsqueeze(1), k, out=S[0])
+        torch.add(out[:-1].unsqueeze(2), k, out=S[1:])
         S.sigmoid_()
         D = torch.sub(S[:, :, 0], S[:, :, 1])  # D_t = dx_t / dx_{t-1}
         G = _linear_loop(D, grad_out.contiguous(), reverse=True, shift=True)
         grad_x0 = D[0] * G[0]
         grad_K = S.mul_(G.unsqueeze(2))
         grad_K[:, :, 1].neg_()
-        return G, grad_K, grad_x0
+        return G, grad_K.sum((0, 1)), grad_x0
 
 
 def _linear_loop(A, B, reverse, shift=False):
@@ -77,7 +89,9 @@ def _linear_loop(A, B, reverse, shift=False):
     With ``shift`` the coefficient linking ``t`` and its neighbour ``n`` is ``A_n``: the transposed
     recursion, which back-propagates a recursion running the other way in time.
     """
-    T = B.size(0)
+    ops = native_ops(B)
+    if ops is not None:
+        return ops.linear_scan(A.contiguous(), B.contiguous(), reverse, shift)
     y = torch.empty_like(B)
     if shift:  # coef[t] = A[t -+ 1]: the coefficient linking t to its neighbour
         coef = torch.empty_like(A)
@@ -161,30 +175,58 @@ class LinearRecurrence(torch.autograd.Function):
         return None, G * neighbour, G
 
 
-class MatrixRecurrence(torch.autograd.Function):
-    """``y_t = A_t (W y_{t+1} + b) + B_t`` from ``y_T = 0`` (so ``y_{T-1} = B_{T-1}`` when ``A_{T-1} = 0``).
+class KalmanSmoother(torch.autograd.Function):
+    """The UBRU Kalman backward pass in one C++ call each way (CPU): ``gamma_t = (S_0 - S_1) gamma_{t+1} + S_1``
+    with ``S_j = sigma(x_t + k_j)``, and ``gamma_t = sigma(x_t)`` from each sequence's last frame on.
 
-    Shapes: ``A``, ``B`` ``(T, B, H)``, ``weight`` ``(H, H)``, ``bias`` ``(H,)`` -> ``(T, B, H)``.
+    Shapes: ``x`` ``(T, B, H)`` (logit alpha), ``k`` ``(2, H)``, ``last`` ``(B,)`` int64 -> ``(T, B, H)``. The same
+    function as ``fast_paths._kalman`` builds from :class:`LinearRecurrence` (the path on other devices),
+    without materialising ``S``, ``A`` and ``B`` for autograd.
     """
 
     @staticmethod
-    def forward(ctx, A, B, weight, bias):
-        T = B.size(0)
-        y = torch.empty_like(B)
-        lin = torch.zeros_like(B)  # W y_{t+1} + b, kept for backward
+    def forward(ctx, x, k, last):
+        ops = native_ops(x)
+        x, k, last = x.contiguous(), k.contiguous(), last.contiguous()
+        gamma = ops.kalman_smoother(x, k, last)
+        ctx.save_for_backward(x, k, last, gamma)
+        return gamma
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        x, k, last, gamma = ctx.saved_tensors
+        grad_x, grad_k = native_ops(x).kalman_smoother_backward(grad.contiguous(), x, k, last, gamma)
+        return grad_x, grad_k.sum(1), None
+
+
+class MatrixRecurrence(torch.autograd.Function):
+    """``y_t = A_t (W y_{t+1} + b) + (1 - A_t) h_t`` from ``y_T = 0`` (so ``y_t = h_t`` where ``A_t = 0``).
+
+    Shapes: ``A``, ``h`` ``(T, B, H)``, ``weight`` ``(H, H)``, ``bias`` ``(H,)`` -> ``(T, B, H)``. The
+    interpolation is inside, not an input ``(1 - A) h``, so that autograd keeps no copy of ``1 - A``.
+    """
+
+    @staticmethod
+    def forward(ctx, A, h, weight, bias):
+        T = h.size(0)
+        y = torch.empty_like(h)
+        lin = torch.empty_like(h)  # W y_{t+1} + b, kept for backward
         lin[T - 1] = bias  # y_T = 0
-        torch.addcmul(B[T - 1], A[T - 1], lin[T - 1], out=y[T - 1])
         weight_t = weight.t()
-        for t in range(T - 2, -1, -1):
-            torch.addcmul(B[t], A[t], torch.addmm(bias, y[t + 1], weight_t, out=lin[t]), out=y[t])
+        for t in range(T - 1, -1, -1):
+            if t < T - 1:
+                torch.addmm(bias, y[t + 1], weight_t, out=lin[t])
+            torch.sub(lin[t], h[t], out=y[t])
+            y[t].mul_(A[t]).add_(h[t])
         if any(ctx.needs_input_grad):
-            ctx.save_for_backward(A, weight, y, lin)
+            ctx.save_for_backward(A, h, weight, y, lin)
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_y):
-        A, weight, y, lin = ctx.saved_tensors
+        A, h, weight, y, lin = ctx.saved_tensors
         T = A.size(0)
         grad_y = grad_y.contiguous()
         G = torch.empty_like(grad_y)  # dL/dy_t, everything included
@@ -195,4 +237,4 @@ class MatrixRecurrence(torch.autograd.Function):
             torch.addmm(grad_y[t], GA[t - 1], weight, out=G[t])
             torch.mul(G[t], A[t], out=GA[t])
         grad_weight = GA[:-1].flatten(0, 1).t().mm(y[1:].flatten(0, 1))
-        return G * lin, G, grad_weight, GA.sum((0, 1))
+        return G * (lin - h), G - GA, grad_weight, GA.sum((0, 1))

@@ -58,21 +58,39 @@ def check_inputs(x: torch.Tensor, lengths, input_size: int) -> tuple[torch.Tenso
     return lengths, mask
 
 
-def reverse_padded(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Reverse each sequence of ``x`` ``(B, T, ...)`` within its own length; padding stays in place.
+class _PermuteFrames(torch.autograd.Function):
+    """``frames.index_select(0, index)`` for an ``index`` that is its own inverse: backward selects the
+    gradient the same way (autograd's own backward would scatter-add into zeros, about twice the cost)."""
 
-    Applying it twice gives back ``x``.
+    @staticmethod
+    def forward(ctx, frames, index):
+        ctx.save_for_backward(index)
+        return frames.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        return grad.index_select(0, index), None
+
+
+def reverse_padded(x: torch.Tensor, lengths: torch.Tensor, time_dim: int = 1) -> torch.Tensor:
+    """Reverse each sequence of ``x`` ``(B, T, ...)`` (``time_dim=0``: ``(T, B, ...)``) within its own
+    length; padding stays in place.
+
+    Applying it twice gives back ``x``. Frames move whole (one index per frame, not per value).
 
     >>> x = torch.arange(6.).view(2, 3, 1)
     >>> reverse_padded(x, torch.tensor([3, 2]))[..., 0]
     tensor([[2., 1., 0.],
             [4., 3., 5.]])
     """
-    T = x.size(1)
+    B, T = lengths.numel(), x.size(time_dim)
     t = torch.arange(T, device=x.device)
-    index = torch.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)  # (B, T)
-    index = index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x)
-    return x.gather(1, index)
+    source = torch.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)  # (B, T): the frame that lands at t
+    b = torch.arange(B, device=x.device)[:, None]
+    index = b * T + source if time_dim == 1 else (source * B + b).t()  # flat frame numbers, in x's order
+    frames = _PermuteFrames.apply(x.reshape(B * T, -1), index.reshape(-1))
+    return frames.view(x.shape)
 
 
 def backward_scan(step: Callable[[int, State], State], last: State, lengths: torch.Tensor) -> State:
@@ -226,24 +244,41 @@ class RecurrentLayer(nn.Module):
         if self.training and self.dropout > 0:
             keep = x.new_empty(x.size(0), 1, x.size(2)).bernoulli_(1 - self.dropout)  # (B, 1, F): one mask per sequence
             x = x * keep / (1 - self.dropout)
-        proj = self.proj(x)  # (B, T, D*G*H)
-        if self.norm is not None:
-            proj = self.norm(proj, mask)
-        proj = proj.masked_fill(~mask[..., None], 0.0)  # padding never reaches a recursion
+        # Time-major inside, (T, B, ...): the fast paths run over time-major frames, so that a cell
+        # gets contiguous memory without a copy, and the layer returns a (B, T, ...) view of
+        # time-major memory, which the next layer's projection reads as it is.
+        D, x = self.num_directions, x.transpose(0, 1)
+        # A batch without padding (common with length-sorted batches) skips the masks: each is a
+        # pass over every activation forward and again backward.
+        padded = bool(len(lengths)) and int(lengths.min()) < x.size(0)
+        keep = mask.t()[..., None]  # (T, B, 1)
+        if self.norm is None:
+            # One projection per direction, the backward one of the reversed input: reversing F
+            # input features costs less than reversing G*H projections, and no split is copied.
+            weights = self.proj.weight.chunk(D)
+            biases = self.proj.bias.chunk(D) if self.proj.bias is not None else [None] * D
+            projs = [F.linear(reverse_padded(x, lengths, time_dim=0) if d else x, weights[d], biases[d])
+                     for d in range(D)]
+        else:  # the norm's statistics span every direction
+            proj = self.norm(self.proj(x).transpose(0, 1), mask).transpose(0, 1)
+            projs = [p if d == 0 else reverse_padded(p, lengths, time_dim=0) for d, p in enumerate(proj.chunk(D, -1))]
         outputs, probs = [], []
-        for direction, (cell, p) in enumerate(zip(self.cells, proj.chunk(self.num_directions, dim=-1))):
+        for direction, (cell, p) in enumerate(zip(self.cells, projs)):
+            if padded:
+                p = p.masked_fill(~keep, 0.0)  # padding never reaches a recursion
+            out, prob = cell(p.transpose(0, 1), lengths)
+            out, prob = out.transpose(0, 1), None if prob is None else prob.transpose(0, 1)
             if direction == 1:
-                p = reverse_padded(p, lengths)
-            out, prob = cell(p, lengths)
-            if direction == 1:
-                out = reverse_padded(out, lengths)
-                prob = None if prob is None else reverse_padded(prob, lengths)
+                out = reverse_padded(out, lengths, time_dim=0)
+                prob = None if prob is None else reverse_padded(prob, lengths, time_dim=0)
             outputs.append(out)
             probs.append(prob)
-        keep = mask[..., None]
-        out = torch.cat(outputs, dim=-1).masked_fill(~keep, 0.0)
-        prob = None if probs[0] is None else torch.cat(probs, dim=-1).masked_fill(~keep, 0.0)
-        return out, prob
+        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
+        prob = None if probs[0] is None else probs[0] if len(probs) == 1 else torch.cat(probs, dim=-1)
+        if padded:
+            out = out.masked_fill(~keep, 0.0)
+            prob = None if prob is None else prob.masked_fill(~keep, 0.0)
+        return out.transpose(0, 1), None if prob is None else prob.transpose(0, 1)
 
     def extra_repr(self) -> str:
         return f"bidirectional={self.bidirectional}, dropout={self.dropout}"

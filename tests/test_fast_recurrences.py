@@ -2,7 +2,9 @@
 
 Outputs, posteriors and the gradients of the input and of every parameter must agree for every
 accelerated unit and option, both directions, ragged lengths with garbage in the padding, float64
-(to 1e-8) and float32 (to 1e-5), relative to the values' scale.
+(to 1e-8) and float32 (to 1e-5), relative to the values' scale; each for both time-loop backends,
+the C++ kernels (models/native.py, built here if need be: the tests require them) and the
+TorchScript loops (what runs on a GPU or without a compiler).
 """
 
 import pytest
@@ -10,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import models
+from models import native
 from models.recurrent import set_implementation
 from tests.unit_variants import make_layer, variant_id
 
@@ -53,17 +56,26 @@ def _assert_close(got, expected, dtype, what):
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance * scale, msg=lambda m: f"{what}: {m}")
 
 
-@pytest.mark.parametrize("unit, options, bidirectional, dtype", CASES, ids=[_case_id(c) for c in CASES])
-def test_fast_path_equals_reference(unit, options, bidirectional, dtype):
-    layer = make_layer(unit, options, input_size=3, hidden_size=5, bidirectional=bidirectional, dtype=dtype, seed=3)
+@pytest.fixture(params=["native", "torchscript"])
+def backend(request, monkeypatch):
+    """The time-loop backend of the fast paths: ``BRU_KALDI_NATIVE=1`` (C++, must build) or ``0``."""
+    monkeypatch.setenv("BRU_KALDI_NATIVE", "1" if request.param == "native" else "0")
+    assert (native.native_ops(torch.zeros(1)) is not None) == (request.param == "native")
+    return request.param
+
+
+def _compare(unit, options, bidirectional, dtype, hidden_size=5, T=11, lengths=(11, 6, 1, 9)):
+    layer = make_layer(unit, options, input_size=3, hidden_size=hidden_size, bidirectional=bidirectional,
+                       dtype=dtype, seed=3)
     assert layer.cells[0].fast_forward(torch.zeros(1, 2, layer.proj.out_features // layer.num_directions, dtype=dtype),
                                        torch.tensor([2])) is not None, "this variant should have a fast path"
-    lengths = torch.tensor([11, 6, 1, 9])
+    lengths = torch.tensor(lengths)
+    B = len(lengths)
     generator = torch.Generator().manual_seed(7)
-    x = torch.randn(4, 11, 3, generator=generator, dtype=dtype) * 2
+    x = torch.randn(B, T, 3, generator=generator, dtype=dtype) * 2
     for i, n in enumerate(lengths.tolist()):
-        x[i, n:] = 1e3 * torch.randn(11 - n, 3, generator=generator, dtype=dtype)  # garbage padding
-    weights = torch.randn(4, 11, layer.output_size, generator=generator, dtype=dtype)
+        x[i, n:] = 1e3 * torch.randn(T - n, 3, generator=generator, dtype=dtype)  # garbage padding
+    weights = torch.randn(B, T, layer.output_size, generator=generator, dtype=dtype)
     reference = _run(layer, "reference", x, lengths, weights)
     fast = _run(layer, "fast", x, lengths, weights)
     _assert_close(fast[0], reference[0], dtype, "output")
@@ -75,8 +87,26 @@ def test_fast_path_equals_reference(unit, options, bidirectional, dtype):
         _assert_close(fast[3][name], reference[3][name], dtype, f"gradient of {name}")
 
 
+@pytest.mark.parametrize("unit, options, bidirectional, dtype", CASES, ids=[_case_id(c) for c in CASES])
+def test_fast_path_equals_reference(unit, options, bidirectional, dtype, backend):
+    _compare(unit, options, bidirectional, dtype)
+
+
 @pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
-def test_fast_path_gradcheck_and_single_frame(unit, options):
+def test_native_kernels_split_units_across_threads(unit, options, backend, monkeypatch):
+    """H = 45 on two threads: the C++ loops give each thread a block of units (24 and 21, the second
+    ending in a partial vector) and the elementwise scans split units the same way."""
+    monkeypatch.setattr(native, "_loaded", native._loaded)  # (the build stays cached)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _compare(unit, options, True, torch.float64, hidden_size=45, T=7, lengths=(7, 3, 7))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
+def test_fast_path_gradcheck_and_single_frame(unit, options, backend):
     """Finite differences through the hand-written backward passes, including T = 1 sequences."""
     layer = make_layer(unit, options, input_size=2, hidden_size=3, bidirectional=True, dtype=torch.float64)
     names = [name for name, _ in layer.named_parameters()]
@@ -125,17 +155,43 @@ class _CountAllocations(TorchDispatchMode):
         return result
 
 
+def _allocations(layer, T):
+    x = torch.randn(2, T, 3)
+    with torch.no_grad(), _CountAllocations() as mode:
+        layer(x, [T, T - 1])
+    return mode.count
+
+
+def _calls_inside_kernels(layer, T):
+    """ATen ops run from inside the C++ kernels (``bru_kaldi::*``) in one forward without gradients:
+    the profiler sees them, a dispatch mode sees only the kernel itself."""
+
+    def inside_kernel(event):
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("bru_kaldi::"):
+            parent = parent.cpu_parent
+        return parent is not None
+
+    x = torch.randn(2, T, 3)
+    with torch.no_grad(), torch.profiler.profile() as profile:
+        layer(x, [T, T - 1])
+    events = profile.events()
+    assert any(event.name.startswith("bru_kaldi::") for event in events)
+    return sum(inside_kernel(event) for event in events)
+
+
 @pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
-def test_inference_allocates_nothing_per_step(unit, options):
-    """Without gradients the number of allocations does not grow with the number of frames."""
-    layer = make_layer(unit, options, bidirectional=True)
-    counts = []
-    for T in (4, 24):
-        x = torch.randn(2, T, 3)
-        with torch.no_grad(), _CountAllocations() as mode:
-            layer(x, [T, T - 1])
-        counts.append(mode.count)
+def test_inference_allocates_nothing_per_step(unit, options, backend):
+    """Without gradients the number of allocations does not grow with the number of frames. Inside the
+    C++ kernels nothing of ATen runs per step at all (the products call BLAS directly)."""
+    layer = set_implementation(make_layer(unit, options, bidirectional=True), "fast")
+    counts = [_allocations(layer, T) for T in (4, 24)]
     assert counts[0] == counts[1], counts
+    if backend == "native":
+        counts = [_calls_inside_kernels(layer, T) for T in (4, 24)]
+        assert counts[0] == counts[1], counts
+    reference = [_allocations(set_implementation(layer, "reference"), T) for T in (4, 24)]
+    assert reference[1] > reference[0], reference  # the count does see per-step allocations
 
 
 def _saved_bytes(layer, x, lengths):
@@ -152,9 +208,39 @@ def _saved_bytes(layer, x, lengths):
 
 
 @pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
-def test_training_memory_no_larger_than_the_reference(unit, options):
+def test_training_memory_no_larger_than_the_reference(unit, options, backend):
     layer = make_layer(unit, options, input_size=8, hidden_size=16, bidirectional=True)
     x, lengths = torch.randn(4, 30, 8), [30, 20, 30, 5]
     fast = _saved_bytes(set_implementation(layer, "fast"), x.clone(), lengths)
     reference = _saved_bytes(set_implementation(layer, "reference"), x.clone(), lengths)
     assert fast <= reference, (fast, reference)
+
+
+def test_native_mode_auto_falls_back_with_a_warning(monkeypatch):
+    """Where the extension cannot be built, ``auto`` warns once and runs TorchScript; ``1`` raises."""
+    def broken(verbose=False):
+        raise OSError("no compiler here")
+
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(native, "load", broken)
+    monkeypatch.setenv("BRU_KALDI_NATIVE", "1")
+    with pytest.raises(RuntimeError, match="could not be built: no compiler here"):
+        native.native_ops(torch.zeros(1))
+    monkeypatch.setenv("BRU_KALDI_NATIVE", "auto")
+    with pytest.warns(UserWarning, match="run as TorchScript loops"):
+        assert native.native_ops(torch.zeros(1)) is None
+    assert native.native_ops(torch.zeros(1)) is None  # no second attempt, no second warning
+    layer = make_layer("libru", {})
+    assert layer(torch.randn(2, 4, 3), [4, 2]).shape == (2, 4, layer.output_size)
+
+
+def test_native_mode_rejects_unknown_values(monkeypatch):
+    monkeypatch.setenv("BRU_KALDI_NATIVE", "yes")
+    with pytest.raises(ValueError, match="BRU_KALDI_NATIVE must be one of"):
+        native.native_ops(torch.zeros(1))
+
+
+def test_native_kernels_serve_only_cpu_floating_point(monkeypatch):
+    monkeypatch.setenv("BRU_KALDI_NATIVE", "1")
+    assert native.native_ops(torch.zeros(1, dtype=torch.float16)) is None
+    assert native.native_ops(torch.zeros(1, device="meta")) is None
