@@ -75,14 +75,18 @@ def ubru(cell, a: torch.Tensor, lengths: torch.Tensor):
     at = _time_major(a)  # (T, B, H)
     c = at + (log_t01 - log_not_t01)
     if cell.backward == "hmm":
-        # alpha and the HMM backward pass are independent recursions of the same form: one loop of
-        # width 2H runs both, the backward one on time-flipped inputs, so that each step launches the
-        # kernels of one recursion (the cost on a CPU is the launches, not the arithmetic).
         c_back, j = _hmm_inputs(cell, at, log_not_t11 - log_not_t01, lengths)
-        both = SoftplusRecurrence.apply(torch.cat([c, c_back.flip(0)], -1),
-                                        torch.cat([k, j], -1),
-                                        torch.cat([x0, torch.full_like(x0, _NO_FUTURE)], -1))
-        x, r = both[..., :H], both[..., H:].flip(0)
+        r0 = torch.full_like(x0, _NO_FUTURE)
+        if native_ops(at) is not None:  # one C++ call each way, threads split by unit
+            x = SoftplusRecurrence.apply(c, k, x0)
+            r = SoftplusRecurrence.apply(c_back, j, r0, True)
+        else:
+            # alpha and the HMM backward pass are independent recursions of the same form: one loop of
+            # width 2H runs both, the backward one on time-flipped inputs, so that each step launches
+            # the kernels of one recursion (the cost of a TorchScript loop is its launches).
+            both = SoftplusRecurrence.apply(torch.cat([c, c_back.flip(0)], -1), torch.cat([k, j], -1),
+                                            torch.cat([x0, r0], -1))
+            x, r = both[..., :H], both[..., H:].flip(0)
         gamma = torch.sigmoid(x + r - at).transpose(0, 1)  # rho_t = r_t - a_t
         return gamma, gamma
     x = SoftplusRecurrence.apply(c, k, x0)  # logit alpha (9)

@@ -44,18 +44,21 @@ def _softplus_loop(c: torch.Tensor, k: torch.Tensor, x0: torch.Tensor, out: torc
 
 
 class SoftplusRecurrence(torch.autograd.Function):
-    """Shapes: ``c`` ``(T, B, H)``, ``k`` ``(2, H)``, ``x0`` ``(B, H)`` -> ``x`` ``(T, B, H)``.
+    """Shapes: ``c`` ``(T, B, H)``, ``k`` ``(2, H)``, ``x0`` ``(B, H)`` -> ``x`` ``(T, B, H)``; with ``reverse``
+    the recursion runs backwards in time (``x_t`` from ``x_{t+1}``, ``x_T = x0``).
 
     On a CPU both passes are one call of the C++ kernels (:mod:`models.native`), threads split by unit.
     """
 
     @staticmethod
-    def forward(ctx, c, k, x0):
+    def forward(ctx, c, k, x0, reverse=False):
         ops = native_ops(c)
         if ops is not None:
-            out = ops.softplus_scan(c.contiguous(), k.contiguous(), x0.contiguous())
+            out = ops.softplus_scan(c.contiguous(), k.contiguous(), x0.contiguous(), reverse)
         else:
-            out = _softplus_loop(c, k, x0, torch.empty_like(c))
+            flip = (lambda v: v.flip(0)) if reverse else (lambda v: v)
+            out = flip(_softplus_loop(flip(c), k, x0, torch.empty_like(c)))
+        ctx.reverse = reverse
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(k, x0, out)
         return out
@@ -66,8 +69,11 @@ class SoftplusRecurrence(torch.autograd.Function):
         k, x0, out = ctx.saved_tensors
         ops = native_ops(out)
         if ops is not None:
-            G, grad_k, grad_x0 = ops.softplus_scan_backward(grad_out.contiguous(), k.contiguous(), x0.contiguous(), out)
-            return G, grad_k.sum(1), grad_x0
+            G, grad_k, grad_x0 = ops.softplus_scan_backward(grad_out.contiguous(), k.contiguous(), x0.contiguous(),
+                                                            out, ctx.reverse)
+            return G, grad_k.sum(1), grad_x0, None
+        flip = (lambda v: v.flip(0)) if ctx.reverse else (lambda v: v)
+        out, grad_out = flip(out), flip(grad_out)
         # In place wherever possible: on a CPU, fresh buffers of T*B*2*H floats cost page faults
         # comparable to the arithmetic.
         T, B, H = out.shape
@@ -80,7 +86,7 @@ class SoftplusRecurrence(torch.autograd.Function):
         grad_x0 = D[0] * G[0]
         grad_K = S.mul_(G.unsqueeze(2))
         grad_K[:, :, 1].neg_()
-        return G, grad_K.sum((0, 1)), grad_x0
+        return flip(G), grad_K.sum((0, 1)), grad_x0, None
 
 
 def _linear_loop(A, B, reverse, shift=False):

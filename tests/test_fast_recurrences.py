@@ -244,3 +244,17 @@ def test_native_kernels_serve_only_cpu_floating_point(monkeypatch):
     monkeypatch.setenv("BRU_KALDI_NATIVE", "1")
     assert native.native_ops(torch.zeros(1, dtype=torch.float16)) is None
     assert native.native_ops(torch.zeros(1, device="meta")) is None
+
+
+def test_softplus_recurrence_runs_backwards_in_time(backend):
+    """``reverse=True`` is the forward recursion on time-flipped inputs (the HMM pass uses it), and
+    its hand-written gradient passes gradcheck."""
+    from models.fast_scans import SoftplusRecurrence
+
+    generator = torch.Generator().manual_seed(0)
+    c, k, x0 = (torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
+                for shape in ((6, 2, 3), (2, 3), (2, 3)))
+    backwards = SoftplusRecurrence.apply(c, k, x0, True)
+    flipped = SoftplusRecurrence.apply(c.flip(0), k, x0).flip(0)
+    torch.testing.assert_close(backwards, flipped, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda *a: SoftplusRecurrence.apply(*a, True), (c, k, x0))

@@ -91,9 +91,10 @@ void check_cpu_contiguous(const Tensor& t, const char* name) {
 // ---------------------------------------------------------------------------------------------
 // Elementwise recursions (models/fast_scans.py)
 
-// x_t = c_t + softplus(x_{t-1} + k_0) - softplus(x_{t-1} + k_1), x_{-1} = x0.
+// x_t = c_t + softplus(x_{t-1} + k_0) - softplus(x_{t-1} + k_1), x_{-1} = x0; with reverse the same
+// backwards in time, x_t from x_{t+1} and x_T = x0.
 // c (T, B, W), k (2, W), x0 (B, W) -> x (T, B, W).
-Tensor softplus_scan(const Tensor& c, const Tensor& k, const Tensor& x0) {
+Tensor softplus_scan(const Tensor& c, const Tensor& k, const Tensor& x0, bool reverse) {
   check_cpu_contiguous(c, "c"), check_cpu_contiguous(k, "k"), check_cpu_contiguous(x0, "x0");
   const int64_t T = c.size(0), W = c.size(2), N = c.size(1) * W;
   Tensor x = at::empty_like(c);
@@ -102,8 +103,9 @@ Tensor softplus_scan(const Tensor& c, const Tensor& k, const Tensor& x0) {
     scalar_t* xp = x.data_ptr<scalar_t>();
     at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
       for_row_pieces(begin, end, W, [&](int64_t offset, int64_t w0, int64_t len) {
-        for (int64_t t = 0; t < T; ++t) {
-          const scalar_t* previous = t ? xp + (t - 1) * N + offset : x0p + offset;
+        for (int64_t i = 0; i < T; ++i) {
+          const int64_t t = reverse ? T - 1 - i : i, before = reverse ? t + 1 : t - 1;
+          const scalar_t* previous = i ? xp + before * N + offset : x0p + offset;
           const scalar_t* ct = cp + t * N + offset;
           scalar_t* xt = xp + t * N + offset;
           vec_for<scalar_t>(len, [&](int64_t j, int64_t n) {
@@ -119,10 +121,11 @@ Tensor softplus_scan(const Tensor& c, const Tensor& k, const Tensor& x0) {
 }
 
 // Gradient of softplus_scan: with S_j = sigma(x_{t-1} + k_j) and D_t = S_0 - S_1,
-// G_t = grad_t + D_{t+1} G_{t+1} is dL/dc_t; dL/dk_j = +-sum S_j G_t; dL/dx0 = D_0 G_0.
+// G_t = grad_t + D_{t+1} G_{t+1} is dL/dc_t; dL/dk_j = +-sum S_j G_t; dL/dx0 = D_0 G_0 (with
+// reverse, t-1 and t+1 trade places).
 // Returns (G (T, B, W), per-unit sums for k (2, B, W), summed over B by the caller, dL/dx0 (B, W)).
 std::tuple<Tensor, Tensor, Tensor> softplus_scan_backward(const Tensor& grad, const Tensor& k, const Tensor& x0,
-                                                          const Tensor& x) {
+                                                          const Tensor& x, bool reverse) {
   check_cpu_contiguous(grad, "grad"), check_cpu_contiguous(k, "k"), check_cpu_contiguous(x0, "x0");
   check_cpu_contiguous(x, "x");
   const int64_t T = x.size(0), B = x.size(1), W = x.size(2), N = B * W;
@@ -131,20 +134,23 @@ std::tuple<Tensor, Tensor, Tensor> softplus_scan_backward(const Tensor& grad, co
     const scalar_t *gp = grad.data_ptr<scalar_t>(), *kp = k.data_ptr<scalar_t>(), *x0p = x0.data_ptr<scalar_t>(),
                    *xp = x.data_ptr<scalar_t>();
     scalar_t *Gp = G.data_ptr<scalar_t>(), *gkp = grad_k.data_ptr<scalar_t>(), *gx0p = grad_x0.data_ptr<scalar_t>();
+    auto frame = [&](int64_t i) { return reverse ? T - 1 - i : i; };  // the i-th frame of the recursion
     at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
       for_row_pieces(begin, end, W, [&](int64_t offset, int64_t w0, int64_t len) {
-        std::copy(gp + (T - 1) * N + offset, gp + (T - 1) * N + offset + len, Gp + (T - 1) * N + offset);
-        for (int64_t t = T - 1; t >= 0; --t) {
-          const scalar_t* previous = t ? xp + (t - 1) * N + offset : x0p + offset;
+        const int64_t last = frame(T - 1) * N + offset;
+        std::copy(gp + last, gp + last + len, Gp + last);
+        for (int64_t i = T - 1; i >= 0; --i) {
+          const int64_t t = frame(i), before = i ? frame(i - 1) : 0;
+          const scalar_t* previous = i ? xp + before * N + offset : x0p + offset;
           const scalar_t* g_t = Gp + t * N + offset;
-          scalar_t* target = t ? Gp + (t - 1) * N + offset : gx0p + offset;  // G_{t-1}, or dL/dx0
+          scalar_t* target = i ? Gp + before * N + offset : gx0p + offset;  // G_{t-1}, or dL/dx0
           vec_for<scalar_t>(len, [&](int64_t j, int64_t n) {
             const auto v = load(previous + j, n), g = load(g_t + j, n);
             const auto s0 = sigmoid(v + load(kp + w0 + j, n)), s1 = sigmoid(v + load(kp + W + w0 + j, n));
             (load(gkp + offset + j, n) + s0 * g).store(gkp + offset + j, n);
             (load(gkp + N + offset + j, n) - s1 * g).store(gkp + N + offset + j, n);
             auto following = (s0 - s1) * g;
-            if (t) following = following + load(gp + (t - 1) * N + offset + j, n);
+            if (i) following = following + load(gp + before * N + offset + j, n);
             following.store(target + j, n);
           });
         }
@@ -597,8 +603,8 @@ std::tuple<Tensor, Tensor, Tensor> lbru_backward(const Tensor& gates, const Tens
 }  // namespace
 
 TORCH_LIBRARY(bru_kaldi, m) {
-  m.def("softplus_scan(Tensor c, Tensor k, Tensor x0) -> Tensor");
-  m.def("softplus_scan_backward(Tensor grad, Tensor k, Tensor x0, Tensor x) -> (Tensor, Tensor, Tensor)");
+  m.def("softplus_scan(Tensor c, Tensor k, Tensor x0, bool reverse) -> Tensor");
+  m.def("softplus_scan_backward(Tensor grad, Tensor k, Tensor x0, Tensor x, bool reverse) -> (Tensor, Tensor, Tensor)");
   m.def("linear_scan(Tensor a, Tensor b, bool reverse, bool shift) -> Tensor");
   m.def("kalman_smoother(Tensor x, Tensor k, Tensor last) -> Tensor");
   m.def("kalman_smoother_backward(Tensor grad, Tensor x, Tensor k, Tensor last, Tensor gamma) -> (Tensor, Tensor)");
