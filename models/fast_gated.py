@@ -1,23 +1,27 @@
 """Fast time loops for the cells with a recurrent matrix: BRU and Li-BRU (log form), Li-GRU, LBRU.
 
 Each is a ``torch.autograd.Function`` with a hand-written backward pass (issue 7). Autograd on the
-reference loop (``Cell.forward``) records every small step; here the forward loop (a TorchScript
-function, see :func:`_script`) runs a handful of ``out=`` kernels per step into preallocated buffers
-and saves only what backward needs, and the backward pass
+reference loop (``Cell.forward``) records every small step; here
 
-* recomputes every gate derivative for all frames at once (a few large elementwise kernels),
-* runs one short loop over time for the part that really is sequential: per step an elementwise
-  product for the gate gradients and one ``addmm`` through the recurrent matrix,
-* forms the weight gradient as one ``(G*H, B*T) @ (B*T, H)`` product.
+* the forward loop runs one matrix product and one fused elementwise pass per step, and saves only
+  what backward needs,
+* the backward pass runs one short loop over time for the part that really is sequential (per step
+  the gate gradients and one product through the recurrent matrix); everything else is done for all
+  frames at once,
+* the weight gradient is one ``(G*H, B*T) @ (B*T, H)`` product.
 
-Layout inside this module is time-major, ``(T, B, G*H)``, so that each step reads contiguous memory;
-the cell methods in ``fast_forward`` transpose from and to the layer's ``(B, T, ...)``.
+Two backends run the loops (:mod:`models.native`): on the CPU the C++ kernels of
+``models/csrc/recurrences.cpp``, where the threads split the hidden units for the whole loop (each
+multiplies by its own columns of every gate and runs the elementwise step of its own units, one
+barrier a step), which also computes the per-frame gate derivatives inside the backward loop; and the
+TorchScript loops below (:func:`_script`), a handful of ``out=`` kernels a step, for CUDA tensors and
+wherever the extension cannot be built. Both are tested against the reference loop.
 
+Layout inside this module is time-major, ``(T, B, G*H)``, so that each step reads contiguous memory.
 The forward recursions never look at ``lengths``: like the reference loop they run over padded frames
 (whose projections the layer has zeroed) and the layer masks those outputs. Saved activations per
-frame: ``G*H`` pre-activations (plus ``H`` for Li-BRU), against the many intermediates autograd keeps
-for the reference loop. Without gradients nothing is allocated per step: the loop writes into the
-output and into two ping-pong scratch buffers.
+frame: ``G*H`` pre-activations or gate values (plus ``H`` for Li-BRU and LBRU), against the many
+intermediates autograd keeps for the reference loop. Without gradients nothing is allocated per step.
 """
 
 from __future__ import annotations

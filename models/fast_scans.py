@@ -1,23 +1,24 @@
 """Fast elementwise recursions with hand-written backward passes (issue 7): the UBRU forward pass, its
-Kalman and HMM backward passes, and the smoothing passes of the TPAMI units.
+Kalman and HMM backward passes, and the gradients of all of them.
 
-Every recursion here is one of three forms, each a ``torch.autograd.Function`` whose loop runs one to
-four ``out=`` kernels per step; all the rest (log-transitions, gates, masks for padding) is ordinary
-vectorised PyTorch over all frames at once, so autograd handles it with a few large kernels.
+Every recursion here is one of a few forms, each a ``torch.autograd.Function``:
 
-* :class:`SoftplusRecurrence` ``x_t = c_t + softplus(x_{t-1} + K_t[0]) - softplus(x_{t-1} + K_t[1])``.
-  The UBRU forward pass is this form in log-odds (``logit p_t`` is a difference of two ``logaddexp``),
-  and so is its HMM backward pass for ``log beta_t - log beta-bar_t``. Its gradient is the linear
-  recursion ``g_{t-1} = dL/dx_{t-1} + D_t g_t`` with ``D_t = sigma(.)[0] - sigma(.)[1]``.
-* :class:`LinearRecurrence` ``y_t = A_t y_{t+-1} + B_t``: the Kalman backward pass (field notes: affine in
-  gamma), the TPAMI unit-wise smoothing (eq. 51), and the gradients of both.
+* :class:`SoftplusRecurrence` ``x_t = c_t + softplus(x_{t-1} + k_0) - softplus(x_{t-1} + k_1)`` (or
+  backwards in time). The UBRU forward pass is this form in log-odds (``logit p_t`` is a difference of
+  two ``logaddexp``), and so is its HMM backward pass for ``log beta_t - log beta-bar_t``. Its gradient
+  is the linear recursion ``g_{t-1} = dL/dx_{t-1} + D_t g_t`` with ``D_t = sigma(.)[0] - sigma(.)[1]``.
+* :class:`KalmanSmoother` the Kalman backward pass (eq. 21), affine in gamma (field notes).
+* :class:`LinearRecurrence` ``y_t = A_t y_{t+-1} + B_t``: the Kalman pass where :class:`KalmanSmoother`
+  does not run, and the gradients of the recursions above.
 * :class:`MatrixRecurrence` ``y_t = A_t (W y_{t+1} + b) + (1 - A_t) h_t``: the TPAMI layer-wise smoothing (eq. 78).
 
-The field notes point out that the first two are associative scans. The nonlinear form stays a
-sequential loop (scripted, four kernels a step); the linear form runs as a two-level (chunked) scan,
-``~2 sqrt(T)`` small steps instead of ``T`` (:func:`_chunked`). A full parallel (Hillis-Steele) scan
-would do ``log2 T`` passes over all ``T*B*H`` values, about 9x the arithmetic at ``T = 400``: on a CPU
-the chunked scan's two passes are the better trade.
+On the CPU the elementwise forms run in the C++ kernels (:mod:`models.native`): one call per pass, the
+time loop inside, the threads splitting the units (every unit's recursion is independent). The
+field notes point out that they are associative scans; on a CPU a sequential loop over time that is
+vectorised across ``B*H`` units does the least arithmetic, so that is what the kernels do. Elsewhere
+(CUDA, no compiler) they run as TorchScript loops: the nonlinear form four kernels a step, the
+linear form as a two-level (chunked) scan, ``~2 sqrt(T)`` small steps instead of ``T``
+(:func:`_chunked`), since there the cost is the launches.
 
 Layout: time-major ``(T, B, H)``. Padding is the caller's job: a frame where a backward recursion
 restarts gets ``A_t = 0``.

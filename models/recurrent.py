@@ -247,7 +247,7 @@ class RecurrentLayer(nn.Module):
         # Time-major inside, (T, B, ...): the fast paths run over time-major frames, so that a cell
         # gets contiguous memory without a copy, and the layer returns a (B, T, ...) view of
         # time-major memory, which the next layer's projection reads as it is.
-        D, x = self.num_directions, x.transpose(0, 1)
+        D, x = self.num_directions, x.transpose(0, 1).contiguous()  # (T, B, F): F is small, the copy cheap
         # A batch without padding (common with length-sorted batches) skips the masks: each is a
         # pass over every activation forward and again backward.
         padded = bool(len(lengths)) and int(lengths.min()) < x.size(0)
