@@ -45,6 +45,7 @@ import models
 from config import Config, ConfigError, parse_config, unit_options, write_resolved
 from data_io import (Corpus, DatasetSpec, GlobalNorm, KaldiIOError, LoaderOptions, LoglikeWriter, log_priors,
                      read_counts, read_transition_model, write_counts)
+from models import native
 from models.acoustic import AcousticModel
 from training import (IGNORE, Distributed, Progress, learning_rate, load_checkpoint, make_optimizer,
                       plot_learning_curve, save_checkpoint, seed_everything, write_atomically)
@@ -494,6 +495,8 @@ def run(argv=None) -> None:
     log.info("%s", " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]))
     if config.exp.mixed_precision and device.type != "cuda":
         log.warning("[exp] mixed_precision is ignored on the CPU")
+    if device.type == "cpu":  # build (first run) or load the C++ time loops now, not in the first batch
+        native.native_ops(torch.zeros(1))
 
     if config.exp.builtin_corpus != "none" and dist.main:
         from recipes.mini_timit.corpus import ensure_corpus

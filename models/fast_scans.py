@@ -207,25 +207,41 @@ class KalmanSmoother(torch.autograd.Function):
         return grad_x, grad_k.sum(1), None
 
 
+@_script
+def _matrix_loop(A: torch.Tensor, h: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor,
+                 y: torch.Tensor, lin: torch.Tensor):
+    """``lin[t] = W y[t + 1] + b`` (``b`` at ``T - 1``) and ``y[t] = lerp(h[t], lin[t], A[t])``, backwards in time."""
+    T = h.size(0)
+    lin[T - 1].copy_(bias)  # y_T = 0
+    torch.lerp(h[T - 1], lin[T - 1], A[T - 1], out=y[T - 1])
+    for t in range(T - 2, -1, -1):
+        torch.addmm(bias, y[t + 1], weight_t, out=lin[t])
+        torch.lerp(h[t], lin[t], A[t], out=y[t])
+
+
+@_script
+def _matrix_backward_loop(A: torch.Tensor, grad_y: torch.Tensor, weight: torch.Tensor, G: torch.Tensor,
+                          GA: torch.Tensor):
+    """``G[t] = grad_y[t] + GA[t - 1] W`` and ``GA[t] = G[t] A[t]``, forwards in time."""
+    G[0].copy_(grad_y[0])
+    torch.mul(G[0], A[0], out=GA[0])
+    for t in range(1, A.size(0)):
+        torch.addmm(grad_y[t], GA[t - 1], weight, out=G[t])
+        torch.mul(G[t], A[t], out=GA[t])
+
+
 class MatrixRecurrence(torch.autograd.Function):
     """``y_t = A_t (W y_{t+1} + b) + (1 - A_t) h_t`` from ``y_T = 0`` (so ``y_t = h_t`` where ``A_t = 0``).
 
     Shapes: ``A``, ``h`` ``(T, B, H)``, ``weight`` ``(H, H)``, ``bias`` ``(H,)`` -> ``(T, B, H)``. The
     interpolation is inside, not an input ``(1 - A) h``, so that autograd keeps no copy of ``1 - A``.
+    Both loops are TorchScript on every device (two kernels a step; the product dominates).
     """
 
     @staticmethod
     def forward(ctx, A, h, weight, bias):
-        T = h.size(0)
-        y = torch.empty_like(h)
-        lin = torch.empty_like(h)  # W y_{t+1} + b, kept for backward
-        lin[T - 1] = bias  # y_T = 0
-        weight_t = weight.t()
-        for t in range(T - 1, -1, -1):
-            if t < T - 1:
-                torch.addmm(bias, y[t + 1], weight_t, out=lin[t])
-            torch.sub(lin[t], h[t], out=y[t])
-            y[t].mul_(A[t]).add_(h[t])
+        y, lin = torch.empty_like(h), torch.empty_like(h)  # lin = W y_{t+1} + b, kept for backward
+        _matrix_loop(A, h, weight.t(), bias, y, lin)
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(A, h, weight, y, lin)
         return y
@@ -234,14 +250,8 @@ class MatrixRecurrence(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_y):
         A, h, weight, y, lin = ctx.saved_tensors
-        T = A.size(0)
-        grad_y = grad_y.contiguous()
-        G = torch.empty_like(grad_y)  # dL/dy_t, everything included
-        GA = torch.empty_like(grad_y)  # G_t * A_t = dL/d(W y_{t+1} + b)
-        G[0].copy_(grad_y[0])
-        torch.mul(G[0], A[0], out=GA[0])
-        for t in range(1, T):
-            torch.addmm(grad_y[t], GA[t - 1], weight, out=G[t])
-            torch.mul(G[t], A[t], out=GA[t])
+        G = torch.empty_like(h)  # dL/dy_t, everything included
+        GA = torch.empty_like(h)  # G_t * A_t = dL/d(W y_{t+1} + b)
+        _matrix_backward_loop(A, grad_y.contiguous(), weight, G, GA)
         grad_weight = GA[:-1].flatten(0, 1).t().mm(y[1:].flatten(0, 1))
         return G * (lin - h), G - GA, grad_weight, GA.sum((0, 1))

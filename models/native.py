@@ -22,6 +22,7 @@ tensor([1., 2., 3.])
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Optional
@@ -58,12 +59,17 @@ def build_flags() -> tuple[str, list[str]]:
 def load(verbose: bool = False):
     """Builds (first time) and loads the extension; returns ``torch.ops.bru_kaldi``. Raises on failure."""
     if "ops" not in _loaded:
+        import time
+
         from torch.utils import cpp_extension
 
         name, flags = build_flags()
+        start = time.perf_counter()
         cpp_extension.load(name, [SOURCE], extra_cflags=flags, extra_ldflags=["-fopenmp"], is_python_module=False,
                            verbose=verbose)
         _loaded["ops"] = torch.ops.bru_kaldi
+        logging.getLogger(__name__).info("C++ kernels %s ready in %.1f s (built on first use, then cached by torch)",
+                                         name, time.perf_counter() - start)
     return _loaded["ops"]
 
 
@@ -91,9 +97,6 @@ def native_ops(example: torch.Tensor) -> Optional[object]:
 
 
 if __name__ == "__main__":
-    import time
-
-    start = time.perf_counter()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     load(verbose=True)
-    name, flags = build_flags()
-    print(f"{name} ({' '.join(flags)}) loaded in {time.perf_counter() - start:.1f} s; ops: torch.ops.bru_kaldi")
+    print(f"{build_flags()[0]} ({' '.join(build_flags()[1])}): torch.ops.bru_kaldi")

@@ -1,11 +1,13 @@
 // Fused CPU kernels for the time loops of the fast paths (issue 7); loaded by models/native.py.
 //
 // Why by hand: on a CPU the TorchScript loops of models/fast_gated.py and models/fast_scans.py spend
-// most of their time launching 4-9 small kernels per time step (about 9 us each), not computing.
-// Here each time step is one pass over its B*H values, and the matrix product stays with ATen
-// (at::addmm_out -> MKL / oneDNN). The purely elementwise recursions (UBRU alpha, its backward
-// passes, their gradients) run their whole time loop in one call, split across threads by unit.
-// The arithmetic uses ATen's own vectorised math (at::vec::Vectorized, SLEEF exp / log1p), so no
+// most of their time launching 4-9 small kernels per time step (about 9 us each), not computing, and
+// a multi-threaded BLAS call on a product of B = 8-32 rows barely uses the second core. Here each
+// time step is one fused pass over its values: for the cells with a recurrent matrix the threads
+// split the hidden units for the whole loop (see forward_loop), and the purely elementwise
+// recursions (UBRU alpha, its backward passes, their gradients) run their whole time loop in one
+// call, split across threads by unit. Products go to the BLAS that libtorch calls (MKL on x86-64),
+// the arithmetic to ATen's own vectorised math (at::vec::Vectorized, SLEEF exp / log1p), so no
 // numerical code of our own beyond the equations.
 //
 // Every op mirrors a TorchScript loop that stays as the fallback (GPU tensors, no C++ compiler), and
@@ -46,8 +48,8 @@ inline Vec<T> log_sigmoid(const Vec<T>& a) {
 }
 
 // softplus(u) - softplus(v), with softplus(u) = max(u, 0) + log1p(exp(-|u|)) (exact where torch's
-// switches to u above 20); the two log1p are one log of a ratio, a quarter less transcendental work
-// for an absolute error of a rounding of 1 (the result is a log-odds, compared at that scale).
+// switches to u above 20); the two log1p are one log of a ratio: a quarter less transcendental work,
+// for an absolute error of about one rounding of 1 (the result is a log-odds, used at that scale).
 template <typename T>
 inline Vec<T> softplus_difference(const Vec<T>& u, const Vec<T>& v) {
   const Vec<T> zero(T(0)), one(T(1));
@@ -239,25 +241,25 @@ std::tuple<Tensor, Tensor> kalman_smoother_backward(const Tensor& grad, const Te
     scalar_t *dxp = grad_x.data_ptr<scalar_t>(), *dkp = grad_k.data_ptr<scalar_t>();
     const V one(scalar_t(1));
     at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> carried(2 * (end - begin));  // A_{t-1} G_{t-1} of each unit
+      std::vector<scalar_t> carried(end - begin);  // A_{t-1} G_{t-1} of each unit
       for_row_pieces(begin, end, H, [&](int64_t offset, int64_t w0, int64_t len) {
         const int64_t end_frame = lp[offset / H];
         scalar_t* AG = carried.data() + (offset - begin);
         std::fill(AG, AG + len, scalar_t(0));
         for (int64_t t = 0; t < T; ++t) {
-          const int64_t at = t * N + offset;
+          const int64_t here = t * N + offset;
           vec_for<scalar_t>(len, [&](int64_t j, int64_t n) {
-            const auto v = load(xp + at + j, n), G = load(dgp + at + j, n) + load(AG + j, n);
+            const auto v = load(xp + here + j, n), G = load(dgp + here + j, n) + load(AG + j, n);
             if (t >= end_frame) {  // gamma_t = sigma(x_t); nothing flows on to t + 1
               const auto s = sigmoid(v);
-              (G * s * (one - s)).store(dxp + at + j, n);
+              (G * s * (one - s)).store(dxp + here + j, n);
               V(scalar_t(0)).store(AG + j, n);
               return;
             }
             const auto s0 = sigmoid(v + load(kp + w0 + j, n)), s1 = sigmoid(v + load(kp + H + w0 + j, n));
-            const auto dA = G * load(gp + at + N + j, n), dS1 = G - dA;
+            const auto dA = G * load(gp + here + N + j, n), dS1 = G - dA;
             const auto d0 = dA * s0 * (one - s0), d1 = dS1 * s1 * (one - s1);
-            (d0 + d1).store(dxp + at + j, n);
+            (d0 + d1).store(dxp + here + j, n);
             (load(dkp + offset + j, n) + d0).store(dkp + offset + j, n);
             (load(dkp + N + offset + j, n) + d1).store(dkp + N + offset + j, n);
             ((s0 - s1) * G).store(AG + j, n);
@@ -277,7 +279,7 @@ std::tuple<Tensor, Tensor> kalman_smoother_backward(const Tensor& grad, const Te
 // split. So the threads split the hidden units instead, for the whole time loop: each thread
 // multiplies by its own columns of every gate (a copy of W reordered into one block per thread),
 // runs the elementwise step for its own units straight away, and waits once per step for the
-// others (the next product needs all of h_t). This is the schedule of vendor RNN kernels.
+// others (the next product needs all of h_t).
 
 // The Fortran BLAS that libtorch itself calls (MKL on x86-64 builds). Weak, so that a torch build
 // without it still loads this extension and takes the ATen route in gemm().
