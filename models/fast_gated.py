@@ -13,7 +13,7 @@ reference loop (``Cell.forward``) records every small step; here
 Two backends run the loops (:mod:`models.native`): on the CPU the C++ kernels of
 ``models/csrc/recurrences.cpp``, where the threads split the hidden units for the whole loop (each
 multiplies by its own columns of every gate and runs the elementwise step of its own units, one
-barrier a step), which also computes the per-frame gate derivatives inside the backward loop; and the
+barrier a step; for LBRU the backward loop also forms the per-frame gate derivatives); and the
 TorchScript loops below (:func:`_script`), a handful of ``out=`` kernels a step, for CUDA tensors and
 wherever the extension cannot be built. Both are tested against the reference loop.
 
