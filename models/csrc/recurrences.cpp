@@ -297,11 +297,13 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, 
           int64_t ldc) {
   const int mi = m, ni = n, ki = k, ldai = lda, ldbi = ldb, ldci = ldc;
   const T one(1);
+#ifndef BRU_KALDI_ATEN_GEMM  // defined only to check the ATen route on a machine that has the BLAS
   if constexpr (std::is_same_v<T, float>) {
     if (sgemm_) return sgemm_("N", "N", &mi, &ni, &ki, &one, a, &ldai, b, &ldbi, &beta, c, &ldci);
   } else {
     if (dgemm_) return dgemm_("N", "N", &mi, &ni, &ki, &one, a, &ldai, b, &ldbi, &beta, c, &ldci);
   }
+#endif
   // row-major: C^T (n, m) = B^T (n, k) A^T (k, m)
   const auto options = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
   at::Tensor ct = at::from_blob(c, {n, m}, {ldc, 1}, options);
