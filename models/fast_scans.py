@@ -9,10 +9,10 @@ Every recursion here is one of a few forms, each a ``torch.autograd.Function``:
   is the linear recursion ``g_{t-1} = dL/dx_{t-1} + D_t g_t`` with ``D_t = sigma(.)[0] - sigma(.)[1]``.
 * :class:`KalmanSmoother` the Kalman backward pass (eq. 21), affine in gamma (field notes).
 * :class:`LinearRecurrence` ``y_t = A_t y_{t+-1} + B_t``: the Kalman pass where :class:`KalmanSmoother`
-  does not run, and the gradients of the recursions above.
+  does not run (off the CPU), and there the gradients of the recursions above.
 * :class:`MatrixRecurrence` ``y_t = A_t (W y_{t+1} + b) + (1 - A_t) h_t``: the TPAMI layer-wise smoothing (eq. 78).
 
-On the CPU the elementwise forms run in the C++ kernels (:mod:`models.native`): one call per pass, the
+On the CPU the nonlinear forms run in the C++ kernels (:mod:`models.native`): one call per pass, the
 time loop inside, the threads splitting the units (every unit's recursion is independent). The
 field notes point out that they are associative scans; on a CPU a sequential loop over time that is
 vectorised across ``B*H`` units does the least arithmetic, so that is what the kernels do. Elsewhere
@@ -96,9 +96,6 @@ def _linear_loop(A, B, reverse, shift=False):
     With ``shift`` the coefficient linking ``t`` and its neighbour ``n`` is ``A_n``: the transposed
     recursion, which back-propagates a recursion running the other way in time.
     """
-    ops = native_ops(B)
-    if ops is not None:
-        return ops.linear_scan(A.contiguous(), B.contiguous(), reverse, shift)
     y = torch.empty_like(B)
     if shift:  # coef[t] = A[t -+ 1]: the coefficient linking t to its neighbour
         coef = torch.empty_like(A)

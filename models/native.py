@@ -16,8 +16,9 @@ TorchScript), ``1`` (build or raise: what the tests use), ``0`` (never, TorchScr
 
 >>> import torch
 >>> ops = native_ops(torch.zeros(1))  # doctest: +SKIP
->>> ops.linear_scan(torch.ones(3, 2), torch.ones(3, 2), False, False)[:, 0]  # doctest: +SKIP
-tensor([1., 2., 3.])
+>>> c, k, x0 = torch.zeros(3, 1, 2), torch.zeros(2, 2), torch.zeros(1, 2)
+>>> ops.softplus_scan(c, k, x0, False).abs().max()  # doctest: +SKIP
+tensor(0.)
 """
 
 from __future__ import annotations

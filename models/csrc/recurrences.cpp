@@ -162,35 +162,6 @@ std::tuple<Tensor, Tensor, Tensor> softplus_scan_backward(const Tensor& grad, co
   return {G, grad_k, grad_x0};
 }
 
-// y_t = a_t y_{t-1} + b_t from y_{-1} = 0 (reverse: y_t = a_t y_{t+1} + b_t from y_T = 0). With shift
-// the coefficient is that of the neighbour already computed (a_{t-1}, reverse a_{t+1}): the
-// transposed recursion, which back-propagates one running the other way.
-Tensor linear_scan(const Tensor& a, const Tensor& b, bool reverse, bool shift) {
-  check_cpu_contiguous(a, "a"), check_cpu_contiguous(b, "b");
-  const int64_t T = b.size(0), N = b.numel() / std::max<int64_t>(T, 1);
-  Tensor y = at::empty_like(b);
-  if (T == 0) return y;
-  AT_DISPATCH_FLOATING_TYPES(b.scalar_type(), "linear_scan", [&] {
-    const scalar_t *ap = a.data_ptr<scalar_t>(), *bp = b.data_ptr<scalar_t>();
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-      const int64_t len = end - begin;
-      const int64_t first = reverse ? T - 1 : 0, step = reverse ? -1 : 1;
-      std::copy(bp + first * N + begin, bp + first * N + end, yp + first * N + begin);
-      for (int64_t i = 1; i < T; ++i) {
-        const int64_t t = first + i * step, previous = t - step;
-        const scalar_t* coef = ap + (shift ? previous : t) * N + begin;
-        const scalar_t *yprev = yp + previous * N + begin, *bt = bp + t * N + begin;
-        scalar_t* yt = yp + t * N + begin;
-        vec_for<scalar_t>(len, [&](int64_t j, int64_t n) {
-          at::vec::fmadd(load(coef + j, n), load(yprev + j, n), load(bt + j, n)).store(yt + j, n);
-        });
-      }
-    });
-  });
-  return y;
-}
-
 // The UBRU Kalman smoother, eq. 21 as the affine recursion of fast_paths._kalman: with
 // S_j = sigma(x_t + k_j), gamma_t = (S_0 - S_1) gamma_{t+1} + S_1 before a sequence's last frame, and
 // gamma_t = sigma(x_t) = alpha_t from it on (the last frame, and padding).
@@ -609,7 +580,6 @@ std::tuple<Tensor, Tensor, Tensor> lbru_backward(const Tensor& gates, const Tens
 TORCH_LIBRARY(bru_kaldi, m) {
   m.def("softplus_scan(Tensor c, Tensor k, Tensor x0, bool reverse) -> Tensor");
   m.def("softplus_scan_backward(Tensor grad, Tensor k, Tensor x0, Tensor x, bool reverse) -> (Tensor, Tensor, Tensor)");
-  m.def("linear_scan(Tensor a, Tensor b, bool reverse, bool shift) -> Tensor");
   m.def("kalman_smoother(Tensor x, Tensor k, Tensor last) -> Tensor");
   m.def("kalman_smoother_backward(Tensor grad, Tensor x, Tensor k, Tensor last, Tensor gamma) -> (Tensor, Tensor)");
   m.def("gated_forward(int kind, Tensor proj, Tensor weight_t, Tensor h0, bool train) -> (Tensor, Tensor, Tensor)");
@@ -623,7 +593,6 @@ TORCH_LIBRARY(bru_kaldi, m) {
 TORCH_LIBRARY_IMPL(bru_kaldi, CPU, m) {
   m.impl("softplus_scan", &softplus_scan);
   m.impl("softplus_scan_backward", &softplus_scan_backward);
-  m.impl("linear_scan", &linear_scan);
   m.impl("kalman_smoother", &kalman_smoother);
   m.impl("kalman_smoother_backward", &kalman_smoother_backward);
   m.impl("gated_forward", &gated_forward);
