@@ -73,6 +73,42 @@ class _PermuteFrames(torch.autograd.Function):
         return grad.index_select(0, index), None
 
 
+class _MergeDirections(torch.autograd.Function):
+    """``cat([forward, backward.index_select(0, index)], -1)`` on flat frames ``(N, H)`` in one pass, for an
+    ``index`` that is its own inverse (the reversal that puts the backward direction back in time order).
+
+    Backward hands each direction a contiguous gradient, which the C++ kernels need anyway: reversing
+    and concatenating separately cost a second ``(N, 2H)`` buffer forward and a copy backward.
+    """
+
+    @staticmethod
+    def forward(ctx, forward_frames, backward_frames, index):
+        ctx.save_for_backward(index)
+        H = forward_frames.size(-1)
+        merged = forward_frames.new_empty(forward_frames.size(0), 2 * H)
+        merged[:, :H] = forward_frames
+        # out[index[i]] = src[i] is out[j] = src[index[j]] for a self-inverse index
+        merged[:, H:].index_copy_(0, index, backward_frames)
+        return merged
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        H = grad.size(-1) // 2
+        return grad[:, :H].contiguous(), grad[:, H:].index_select(0, index), None
+
+
+def _reversal_index(lengths: torch.Tensor, T: int, time_dim: int) -> torch.Tensor:
+    """Flat frame numbers, in the order of a ``(B, T)`` (``time_dim=1``) or ``(T, B)`` (``time_dim=0``)
+    array, of the frame that lands at each place when every sequence is reversed within its length."""
+    B = lengths.numel()
+    t = torch.arange(T, device=lengths.device)
+    source = torch.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)  # (B, T): the frame that lands at t
+    b = torch.arange(B, device=lengths.device)[:, None]
+    index = b * T + source if time_dim == 1 else (source * B + b).t()
+    return index.reshape(-1)
+
+
 def reverse_padded(x: torch.Tensor, lengths: torch.Tensor, time_dim: int = 1) -> torch.Tensor:
     """Reverse each sequence of ``x`` ``(B, T, ...)`` (``time_dim=0``: ``(T, B, ...)``) within its own
     length; padding stays in place.
@@ -84,13 +120,23 @@ def reverse_padded(x: torch.Tensor, lengths: torch.Tensor, time_dim: int = 1) ->
     tensor([[2., 1., 0.],
             [4., 3., 5.]])
     """
-    B, T = lengths.numel(), x.size(time_dim)
-    t = torch.arange(T, device=x.device)
-    source = torch.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)  # (B, T): the frame that lands at t
-    b = torch.arange(B, device=x.device)[:, None]
-    index = b * T + source if time_dim == 1 else (source * B + b).t()  # flat frame numbers, in x's order
-    frames = _PermuteFrames.apply(x.reshape(B * T, -1), index.reshape(-1))
+    index = _reversal_index(lengths, x.size(time_dim), time_dim)
+    frames = _PermuteFrames.apply(x.reshape(index.numel(), -1), index)
     return frames.view(x.shape)
+
+
+def merge_directions(forward_out: torch.Tensor, backward_out: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``cat([forward_out, reverse_padded(backward_out, lengths, 0)], -1)`` for time-major ``(T, B, H)``
+    outputs, in one pass: the backward direction ran over reversed sequences.
+
+    >>> f, b = torch.zeros(3, 1, 1), torch.arange(3.).view(3, 1, 1)
+    >>> merge_directions(f, b, torch.tensor([2]))[:, 0, 1]
+    tensor([1., 0., 2.])
+    """
+    T, B, H = forward_out.shape
+    index = _reversal_index(lengths, T, time_dim=0)
+    merged = _MergeDirections.apply(forward_out.reshape(T * B, H), backward_out.reshape(T * B, H), index)
+    return merged.view(T, B, 2 * H)
 
 
 def backward_scan(step: Callable[[int, State], State], last: State, lengths: torch.Tensor) -> State:
@@ -231,15 +277,17 @@ class RecurrentLayer(nn.Module):
         self.output_size = self.num_directions * hidden_size
 
     def forward(self, x: torch.Tensor, lengths) -> torch.Tensor:
-        return self._run(x, lengths)[0]
+        return self._run(x, lengths, posteriors=False)
 
     def posteriors(self, x: torch.Tensor, lengths) -> torch.Tensor:
         """The probabilities the unit computes (``h``, ``alpha`` or ``gamma``), ``(B, T, D*H)``."""
         if not self.cells[0].has_posteriors:
             raise TypeError(f"{type(self.cells[0]).__name__} computes no probabilities")
-        return self._run(x, lengths)[1]
+        return self._run(x, lengths, posteriors=True)
 
-    def _run(self, x: torch.Tensor, lengths):
+    def _run(self, x: torch.Tensor, lengths, posteriors: bool):
+        """The output or (``posteriors``) the probabilities: only the one asked for is reordered and
+        concatenated."""
         lengths, mask = check_inputs(x, lengths, self.input_size)
         if self.training and self.dropout > 0:
             keep = x.new_empty(x.size(0), 1, x.size(2)).bernoulli_(1 - self.dropout)  # (B, 1, F): one mask per sequence
@@ -260,25 +308,18 @@ class RecurrentLayer(nn.Module):
             projs = [F.linear(reverse_padded(x, lengths, time_dim=0) if d else x, weights[d], biases[d])
                      for d in range(D)]
         else:  # the norm's statistics span every direction
-            proj = self.norm(self.proj(x).transpose(0, 1), mask).transpose(0, 1)
+            proj = self.norm(self.proj(x), keep[..., 0] if padded else None)  # frame-wise: any layout
             projs = [p if d == 0 else reverse_padded(p, lengths, time_dim=0) for d, p in enumerate(proj.chunk(D, -1))]
-        outputs, probs = [], []
-        for direction, (cell, p) in enumerate(zip(self.cells, projs)):
+        outputs = []
+        for cell, p in zip(self.cells, projs):
             if padded:
                 p = p.masked_fill(~keep, 0.0)  # padding never reaches a recursion
             out, prob = cell(p.transpose(0, 1), lengths)
-            out, prob = out.transpose(0, 1), None if prob is None else prob.transpose(0, 1)
-            if direction == 1:
-                out = reverse_padded(out, lengths, time_dim=0)
-                prob = None if prob is None else reverse_padded(prob, lengths, time_dim=0)
-            outputs.append(out)
-            probs.append(prob)
-        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
-        prob = None if probs[0] is None else probs[0] if len(probs) == 1 else torch.cat(probs, dim=-1)
+            outputs.append((prob if posteriors else out).transpose(0, 1))  # (T, B, H)
+        out = outputs[0] if D == 1 else merge_directions(*outputs, lengths)
         if padded:
             out = out.masked_fill(~keep, 0.0)
-            prob = None if prob is None else prob.masked_fill(~keep, 0.0)
-        return out.transpose(0, 1), None if prob is None else prob.transpose(0, 1)
+        return out.transpose(0, 1)
 
     def extra_repr(self) -> str:
         return f"bidirectional={self.bidirectional}, dropout={self.dropout}"

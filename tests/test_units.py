@@ -62,6 +62,25 @@ def test_reverse_direction_reads_each_sequence_backwards(unit, options):
     torch.testing.assert_close(bi(x, [n])[0, :n, 4:], backwards[0])
 
 
+def test_merge_directions_equals_reversal_then_concatenation():
+    """The one-pass merge of a bidirectional layer's outputs, forward and backward, against the two steps it fuses."""
+    from models.recurrent import merge_directions, reverse_padded
+
+    T, B, H, lengths = 7, 3, 2, torch.tensor([7, 4, 1])
+    forward_out = torch.randn(T, B, H, dtype=torch.float64, requires_grad=True)
+    backward_out = torch.randn(T, B, H, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(T, B, 2 * H, dtype=torch.float64)
+    merged = merge_directions(forward_out, backward_out, lengths)
+    expected = torch.cat([forward_out, backward_out.flip(0)], -1)  # sequence 0 fills T: a plain flip
+    torch.testing.assert_close(merged[:, 0], expected[:, 0], rtol=0, atol=0)
+    expected = torch.cat([forward_out, reverse_padded(backward_out, lengths, time_dim=0)], -1)
+    torch.testing.assert_close(merged, expected, rtol=0, atol=0)
+    assert merged[0, 1, H:].equal(backward_out[3, 1]) and merged[5, 1, H:].equal(backward_out[5, 1])  # padding stays
+    grads = torch.autograd.grad(merged, (forward_out, backward_out), upstream)
+    torch.testing.assert_close(grads, torch.autograd.grad(expected, (forward_out, backward_out), upstream), rtol=0, atol=0)
+    assert all(g.is_contiguous() for g in grads)  # the C++ kernels take them as they are
+
+
 @pytest.mark.parametrize("unit, options", VARIANTS, ids=[variant_id(v) for v in VARIANTS])
 def test_long_sequences_with_large_preactivations_stay_finite(unit, options):
     """T = 2000 and pre-activations up to |50|: no NaN or Inf in outputs or gradients."""
@@ -130,6 +149,41 @@ def test_batch_norm_statistics_ignore_padding():
     b = layer(padded, [5])[:, :5]
     torch.testing.assert_close(a, b)
     torch.testing.assert_close(layer.norm.running_mean, running)
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_batch_norm_equals_gathered_frames_reference(padded):
+    """The batch norm's hand-written backward against autograd through the straightforward version
+    (gather the real frames, their mean and biased variance, normalise every frame), and float64 gradcheck."""
+    from models.norm import MaskedBatchNorm
+
+    torch.manual_seed(0)
+    norm = MaskedBatchNorm(3).double().train()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 2.0), norm.bias.normal_()
+    x = (3 * torch.randn(4, 6, 3, dtype=torch.float64) + 1).requires_grad_()
+    mask = torch.arange(6) < torch.tensor([6, 2, 5, 1])[:, None] if padded else None
+    upstream = torch.randn(4, 6, 3, dtype=torch.float64)
+
+    def straightforward(x, weight, bias):
+        frames = x[mask] if padded else x.flatten(0, 1)
+        mean, var = frames.mean(0), frames.var(0, unbiased=False)
+        return (x - mean) / torch.sqrt(var + norm.eps) * weight + bias
+
+    params = (x, norm.weight, norm.bias)
+    expected = straightforward(*params)
+    got = norm(x, mask)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.autograd.grad(got, params, upstream),
+                               torch.autograd.grad(expected, params, upstream), rtol=1e-10, atol=1e-12)
+    real = x[mask] if padded else x.flatten(0, 1)
+    torch.testing.assert_close(norm.running_mean, 0.1 * real.mean(0).detach())  # from zeros, momentum 0.1
+    torch.testing.assert_close(norm.running_var, 0.9 + 0.1 * real.var(0).detach())  # unbiased, from ones
+
+    def run(x, weight, bias):
+        return torch.func.functional_call(norm, {"weight": weight, "bias": bias}, (x, mask))
+
+    assert torch.autograd.gradcheck(run, params, eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
 @pytest.mark.parametrize("norm", ["batch", "layer"])
