@@ -16,9 +16,9 @@ class _MaskedBatchNormFunction(torch.autograd.Function):
     """Training-mode batch norm of frames ``x`` ``(N, C)`` whose statistics come from the frames where
     ``real`` ``(N,)`` is 1 (``None``: every frame), with the backward pass written out.
 
-    Autograd's own version (gather the real frames, ``mean``, ``var``, then four elementwise ops) made
-    nine full passes over the frames backward and a gather and scatter; here the statistics are matrix-
-    vector products with ``real`` and the output one ``addcmul``. Every frame, padding included, is
+    Autograd's own version (gather the real frames, ``mean``, ``var``, then four elementwise ops) copied
+    the real frames forward, scattered their gradient back, and made a pass per op each way; here the
+    statistics are matrix-vector products with ``real`` and the output one ``addcmul``. Every frame, padding included, is
     normalised with those statistics, so the sums of the backward pass run over all frames, while only
     the real frames carry the statistics' gradient::
 
