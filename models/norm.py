@@ -12,6 +12,12 @@ from torch.nn import functional as F
 NORMS = (None, "batch", "layer")
 
 
+def _normalise(x, mean, inv_std, weight, bias):
+    """``((x - mean) inv_std weight + bias, inv_std weight)``: one pass over ``x``, as ``x scale + shift``."""
+    scale = weight * inv_std
+    return torch.addcmul(torch.addcmul(bias, mean, scale, value=-1.0), x, scale), scale
+
+
 class _MaskedBatchNormFunction(torch.autograd.Function):
     """Training-mode batch norm of frames ``x`` ``(N, C)`` whose statistics come from the frames where
     ``real`` ``(N,)`` is 1 (``None``: every frame), with the backward pass written out.
@@ -34,8 +40,7 @@ class _MaskedBatchNormFunction(torch.autograd.Function):
         mean = (ones @ x) / n
         var = (ones @ (x - mean).square_()) / n
         inv = torch.rsqrt(var + eps)
-        scale = weight * inv
-        y = torch.addcmul(torch.addcmul(bias, mean, scale, value=-1.0), x, scale)
+        y, scale = _normalise(x, mean, inv, weight, bias)
         ctx.save_for_backward(x, real, mean, inv, scale)
         ctx.n = n
         ctx.mark_non_differentiable(mean, var)
@@ -82,8 +87,7 @@ class MaskedBatchNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if not self.training:
-            scale = self.weight * torch.rsqrt(self.running_var + self.eps)
-            return torch.addcmul(torch.addcmul(self.bias, self.running_mean, scale, value=-1.0), x, scale)
+            return _normalise(x, self.running_mean, torch.rsqrt(self.running_var + self.eps), self.weight, self.bias)[0]
         frames = x.reshape(-1, x.size(-1))  # no copy for contiguous x
         real = None if mask is None else mask.reshape(-1).to(x.dtype)
         y, mean, var = _MaskedBatchNormFunction.apply(frames, real, self.weight, self.bias, self.eps)
