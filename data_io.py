@@ -2,22 +2,24 @@
 
 Works with or without a Kaldi installation. The pieces, in the order data flows:
 
-1. Parameters: :class:`FeatureStream`, :class:`LabelStream`, :class:`DatasetSpec` use pytorch-kaldi's
-   names (``fea_name``, ``fea_lst``, ``fea_opts``, ``cw_left``, ``cw_right``; ``lab_name``,
-   ``lab_folder``, ``lab_opts``, ``lab_count_file``; ``n_chunks``), so a config maps onto them
-   directly (:meth:`DatasetSpec.from_config`); :class:`LoaderOptions` holds batching and checks.
-2. Labels (``alignments``): ``ali.*.gz`` transition-ids become pdf-ids (``ali-to-pdf``) or per-frame
-   phones (``ali-to-phones --per-frame=true``) through the TransitionModel of ``final.mdl``
-   (:func:`read_transition_model`, from ``transition_model``), kept in a memory-mapped temporary file
-   so that a corpus larger than memory costs only its index.
+1. Parameters: a data set is the config's own :class:`Dataset` (one schema for ``[datasetN]`` and for
+   the loader, with pytorch-kaldi's names: ``fea_name``, ``fea_lst``, ``fea_opts``, ``cw_left``,
+   ``cw_right``; ``lab_name``, ``lab_folder``, ``lab_opts``, ``lab_count_file``; ``n_chunks``);
+   :func:`dataset_for` picks the streams a model uses; :class:`LoaderOptions` holds batching and checks
+   (:func:`loader_options` from ``[batches]``).
+2. Labels (``bru_kaldi.kaldi.alignments``): ``ali.*.gz`` transition-ids become pdf-ids
+   (``ali-to-pdf``) or per-frame phones (``ali-to-phones --per-frame=true``) through the
+   TransitionModel of ``final.mdl`` (:func:`read_transition_model`), kept in a memory-mapped temporary
+   file so that a corpus larger than memory costs only its index.
 3. Features: each stream is an scp (random access, header-only indexing) or any rspecifier or Kaldi
-   pipeline (``ark:copy-feats ... |``, exit status checked), post-processed by its ``fea_opts``
-   (CMVN per speaker or utterance, deltas; see ``feature_transforms``) and spliced with
-   ``cw_left``/``cw_right``; streams are concatenated per frame.
+   pipeline (``ark:copy-feats ... |``, exit status checked; ``bru_kaldi.kaldi.tables``),
+   post-processed by its ``fea_opts`` (CMVN per speaker or utterance, deltas; see
+   ``bru_kaldi.feature_transforms``) and spliced with ``cw_left``/``cw_right``; streams are
+   concatenated per frame.
 4. :class:`Corpus` joins streams and labels (missing utterances skipped and counted, an error above
    ``max_missing_fraction``; lengths checked up front), cuts the corpus into ``n_chunks`` chunks
    (re-drawn every epoch from the seed), loads one chunk while the next is prepared in a background
-   thread, and yields padded batches of length-sorted utterances (:class:`Batch`, ``batching``).
+   thread, and yields padded batches of length-sorted utterances (:class:`Batch`, ``bru_kaldi.batching``).
 5. Outputs: :func:`log_priors` from pdf counts (``analyze-counts``) and :class:`LoglikeWriter`,
    which writes log posteriors minus log priors as a float32 ``ark`` + ``scp``, atomically.
 
@@ -28,7 +30,7 @@ Errors are :class:`KaldiIOError`, naming the file, the utterance and what was ex
 >>> with ArkWriter(f"{d}/feats.ark", f"{d}/feats.scp") as w:
 ...     for i in range(5):
 ...         w.write(f"utt{i}", np.random.rand(10 + i, 13))
->>> corpus = Corpus(DatasetSpec("test", [FeatureStream("mfcc", f"{d}/feats.scp", "cmvn=utterance", 1, 1)]),
+>>> corpus = Corpus(Dataset("test", [FeatureStream("mfcc", f"{d}/feats.scp", "cmvn=utterance", 1, 1)]),
 ...                 LoaderOptions(batch_size=2, shuffle=False))
 >>> [(tuple(b.x.shape), b.keys) for b in corpus.batches()]
 [((2, 11, 39), ['utt0', 'utt1']), ((2, 13, 39), ['utt2', 'utt3']), ((1, 14, 39), ['utt4'])]
@@ -37,74 +39,32 @@ Errors are :class:`KaldiIOError`, naming the file, the utterance and what was ex
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+import dataclasses
+from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional
 
 import numpy as np
 import torch
 
-from alignments import AlignmentStore, alignment_files, hmm_info, label_kind, read_alignments
-from batching import IGNORE, Batch, Prefetcher, Utterance, collate, make_batches
-from feature_transforms import (GlobalNorm, add_deltas, apply_cmvn, cmvn_stats_sum, compute_cmvn_stats, parse_fea_opts,
-                                splice)
-from kaldi_tables import (ArkWriter, KaldiIOError, ScpTable, parse_rspecifier, read_int_vectors, read_kaldi_vector,
-                          read_matrices, read_text_table, write_kaldi_vector)
-from transition_model import TransitionModel, read_transition_model, write_transition_model
+from bru_kaldi.batching import IGNORE, Batch, Prefetcher, Utterance, collate, make_batches
+from bru_kaldi.config import Config, ConfigError, Dataset, FeatureStream, LabelStream
+from bru_kaldi.feature_streams import FeatureSource
+from bru_kaldi.feature_transforms import GlobalNorm
+from bru_kaldi.kaldi.alignments import AlignmentStore, alignment_files, hmm_info, label_kind, read_alignments
+from bru_kaldi.kaldi.tables import (ArkWriter, KaldiIOError, ScpTable, read_int_vectors, read_kaldi_vector,
+                                    read_matrices, write_kaldi_vector)
+from bru_kaldi.kaldi.transition_model import TransitionModel, read_transition_model, write_transition_model
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KaldiIOError", "FeatureStream", "LabelStream", "DatasetSpec", "LoaderOptions", "Corpus", "Batch",
+__all__ = ["KaldiIOError", "FeatureStream", "LabelStream", "Dataset", "LoaderOptions", "Corpus", "Batch",
            "IGNORE", "GlobalNorm", "TransitionModel", "read_transition_model", "write_transition_model",
            "read_matrices", "read_int_vectors", "read_alignments", "alignment_files", "AlignmentStore", "ScpTable",
-           "ArkWriter", "LoglikeWriter", "read_counts", "write_counts", "log_priors", "hmm_info", "label_kind"]
+           "ArkWriter", "LoglikeWriter", "read_counts", "write_counts", "log_priors", "hmm_info", "label_kind",
+           "dataset_for", "loader_options"]
 
 
 # --------------------------------------------------------------------------- parameters
-def _copy_fields(cls, source):
-    """An instance of ``cls`` from any object with attributes of the same names (a parsed config)."""
-    return cls(**{f.name: getattr(source, f.name) for f in fields(cls) if hasattr(source, f.name)})
-
-
-@dataclass
-class FeatureStream:
-    """One feature stream; several are concatenated per frame (e.g. fMLLR + MFCC + fbank)."""
-
-    fea_name: str
-    fea_lst: str  # feats.scp, or any rspecifier / Kaldi pipeline ("ark:copy-feats scp:a.scp ark:- |")
-    fea_opts: str = ""  # CMVN and deltas: see feature_transforms.parse_fea_opts
-    cw_left: int = 0  # frames of left context spliced in
-    cw_right: int = 0
-
-
-@dataclass
-class LabelStream:
-    """One label stream from an alignment directory (``ali.*.gz`` and ``final.mdl``)."""
-
-    lab_name: str
-    lab_folder: str
-    lab_opts: str = "ali-to-pdf"  # or "ali-to-phones --per-frame=true" (an auxiliary monophone output)
-    lab_count_file: str = "auto"  # "auto": counts from these alignments; "none"; or an analyze-counts file
-    lab_data_folder: str = ""  # not read here (decoding uses it)
-    lab_graph: str = ""  # not read here (decoding uses it)
-
-
-@dataclass
-class DatasetSpec:
-    """A data set: its feature streams, its label streams (none for unlabelled test data), its chunks."""
-
-    data_name: str
-    fea: list[FeatureStream]
-    lab: list[LabelStream] = field(default_factory=list)
-    n_chunks: int = 1
-
-    @classmethod
-    def from_config(cls, dataset) -> "DatasetSpec":
-        """From a config section with the same field names (``config.Dataset``)."""
-        return cls(dataset.data_name, [_copy_fields(FeatureStream, s) for s in dataset.fea],
-                   [_copy_fields(LabelStream, s) for s in dataset.lab], dataset.n_chunks)
-
-
 @dataclass
 class LoaderOptions:
     """How a :class:`Corpus` is cut into batches, and how strict it is."""
@@ -125,98 +85,46 @@ class LoaderOptions:
             raise ValueError(f"batch_size >= 1, max_seq_length >= 0 and length_tolerance >= 0 expected, got {self}")
 
 
-# --------------------------------------------------------------------------- feature streams
-class _FeatureSource:
-    """One feature stream: where its matrices are, their shapes, and their post-processing."""
+def loader_options(config: Config, purpose: str) -> LoaderOptions:
+    """``[batches]`` as loader options for ``purpose``: ``"train"`` (shuffled), ``"valid"`` (in scp order)
+    or ``"forward"`` (whole utterances in scp order: their keys name the output rows)."""
+    b = config.batches
+    checks = dict(max_missing_fraction=b.max_missing_fraction, length_tolerance=b.length_tolerance)
+    if purpose == "train":
+        return LoaderOptions(b.batch_size_train, b.max_seq_length_train, b.long_utterances, config.exp.seed,
+                             shuffle=True, **checks)
+    if purpose == "valid":
+        return LoaderOptions(b.batch_size_valid, b.max_seq_length_valid, b.long_utterances, config.exp.seed,
+                             shuffle=False, **checks)
+    if purpose == "forward":
+        return LoaderOptions(b.batch_size_valid, 0, "split", config.exp.seed, shuffle=False, **checks)
+    raise ValueError(f"purpose must be train, valid or forward, got {purpose!r}")
 
-    def __init__(self, stream: FeatureStream):
-        self.stream = stream
-        self.options = parse_fea_opts(stream.fea_opts)
-        spec = parse_rspecifier(stream.fea_lst)
-        self.table = ScpTable(spec.target) if spec.kind == "scp" else None
-        if self.table is not None:
-            self.shapes = self.table.shapes()
-            self.data_dir = Path(spec.target).parent
-        else:  # an archive or pipeline has no index: one pass over it for the keys and lengths
-            self.shapes = {key: m.shape for key, m in read_matrices(stream.fea_lst)}
-            self.data_dir = None
-            if not self.shapes:
-                raise KaldiIOError(f"{stream.fea_lst}: no utterances")
-        dims = {shape[1] for shape in self.shapes.values()}
-        if len(dims) != 1:
-            raise KaldiIOError(f"{stream.fea_lst}: utterances of different dimensions {sorted(dims)}")
-        self.raw_dim = dims.pop()
-        width = (1 + self.options.delta_order) * (1 + stream.cw_left + stream.cw_right)
-        self.dim = self.raw_dim * width
-        self.utt2spk: dict[str, str] = {}
-        self.cmvn: dict[str, np.ndarray] = {}  # speaker (or utterance) -> (2, D + 1) float64 stats
-        if self.options.cmvn != "none":
-            self._load_cmvn()
 
-    def _default(self, option: str, name: str) -> str:
-        if option:
-            return option
-        if self.data_dir is None:
-            raise KaldiIOError(f"fea_opts of {self.stream.fea_name}: give {name} explicitly "
-                               f"(fea_lst {self.stream.fea_lst} is not an scp beside a data directory)")
-        return str(self.data_dir / name)
+def label_names(config: Config) -> list[str]:
+    """The label streams a model trains on: ``[model] senone_lab``, and ``mono_lab`` unless it is none."""
+    return [config.model.senone_lab] + ([config.model.mono_lab] if config.model.mono_lab != "none" else [])
 
-    def _load_cmvn(self) -> None:
-        o = self.options
-        if o.cmvn == "speaker":
-            self.utt2spk = read_text_table(self._default(o.utt2spk, "utt2spk"))
-            for key in self.shapes:
-                if key not in self.utt2spk:
-                    raise KaldiIOError(f"{self.stream.fea_lst}: utterance {key!r} has no speaker in the utt2spk file")
-        stats_spec = o.cmvn_stats
-        beside = self.data_dir / "cmvn.scp" if self.data_dir is not None else None
-        if not stats_spec and o.cmvn == "speaker" and beside is not None and beside.is_file():
-            stats_spec = str(beside)
-        if stats_spec:
-            self.cmvn = dict(read_matrices(stats_spec, dtype=np.float64))
-        elif o.cmvn == "speaker":  # no cmvn.scp: compute-cmvn-stats --spk2utt, one pass over the features
-            log.info("%s: no CMVN stats given, computing per-speaker stats from the features", self.stream.fea_lst)
-            for key, feats in self._read(list(self.shapes), raw=True):
-                speaker = self.utt2spk[key]
-                self.cmvn[speaker] = cmvn_stats_sum(self.cmvn.get(speaker), feats)
-        if o.cmvn == "speaker":
-            wanted = {self.utt2spk[k] for k in self.shapes}
-        else:
-            wanted = set(self.shapes) if stats_spec else set()
-        missing = sorted(wanted - set(self.cmvn))
-        if missing:
-            raise KaldiIOError(f"{stats_spec}: no CMVN stats for {o.cmvn} {missing[0]!r} "
-                               f"({len(missing)} missing; needed by {self.stream.fea_lst})")
-        for name, stats in self.cmvn.items():  # fail now, not in the middle of an epoch
-            if stats.shape[1] != self.raw_dim + 1 or stats.shape[0] != 2 or stats[0, -1] < 1:
-                raise KaldiIOError(f"{stats_spec or self.stream.fea_lst}: CMVN stats of {name!r} have shape "
-                                   f"{stats.shape} and count {stats[0, -1]:g}; expected (2, {self.raw_dim + 1}) and a count >= 1")
 
-    def _read(self, keys: list[str], raw: bool = False) -> Iterator[tuple[str, np.ndarray]]:
-        if self.table is not None:
-            pairs = self.table.load(keys)
-        else:  # no random access: stream the whole archive or pipeline, keep this chunk's utterances
-            wanted = set(keys)
-            pairs = ((k, m) for k, m in read_matrices(self.stream.fea_lst) if k in wanted)
-        for key, feats in pairs:
-            if feats.shape != tuple(self.shapes[key]):
-                raise KaldiIOError(f"{self.stream.fea_lst}: utterance {key!r} has shape {feats.shape}, "
-                                   f"its header said {tuple(self.shapes[key])} (was the archive rewritten?)")
-            yield key, feats if raw else self._process(key, feats)
-
-    def _process(self, key: str, feats: np.ndarray) -> np.ndarray:
-        o = self.options
-        if o.cmvn == "speaker":
-            feats = apply_cmvn(feats, self.cmvn[self.utt2spk[key]], o.norm_means, o.norm_vars)
-        elif o.cmvn == "utterance":
-            stats = self.cmvn[key] if self.cmvn else compute_cmvn_stats(feats)
-            feats = apply_cmvn(feats, stats, o.norm_means, o.norm_vars)
-        feats = add_deltas(feats, o.delta_order, o.delta_window)
-        return splice(feats, self.stream.cw_left, self.stream.cw_right)
-
-    def load(self, keys: list[str]) -> dict[str, np.ndarray]:
-        """``{key: (T, dim) float32}`` for ``keys``, post-processed."""
-        return dict(self._read(keys))
+def dataset_for(config: Config, name: str, with_labels: bool) -> Dataset:
+    """The streams of data set ``name`` that the model uses: ``[model] inputs`` in that order (all of
+    them when empty), and the senone (and monophone) labels when ``with_labels``."""
+    dataset = config.dataset(name)
+    fea = list(dataset.fea)
+    if config.model.inputs:
+        streams = {s.fea_name: s for s in fea}
+        for wanted in config.model.inputs:
+            if wanted not in streams:
+                raise ConfigError(f"{config.source} [model] inputs: dataset {name} has no feature stream {wanted!r}; "
+                                  f"it has {sorted(streams)}")
+        fea = [streams[wanted] for wanted in config.model.inputs]
+    labels = label_names(config) if with_labels else []
+    have = {s.lab_name for s in dataset.lab}
+    for wanted in labels:
+        if wanted not in have:
+            raise ConfigError(f"{config.source}: dataset {name} needs a label stream {wanted!r} "
+                              f"([model] senone_lab / mono_lab); it has {sorted(have)}")
+    return dataclasses.replace(dataset, fea=fea, lab=[s for s in dataset.lab if s.lab_name in labels])
 
 
 # --------------------------------------------------------------------------- the corpus
@@ -240,13 +148,13 @@ class Corpus:
     at a time, and at most two chunks are alive (the one consumed and the one being prepared).
     """
 
-    def __init__(self, spec: DatasetSpec, options: Optional[LoaderOptions] = None, norm: Optional[GlobalNorm] = None):
+    def __init__(self, spec: Dataset, options: Optional[LoaderOptions] = None, norm: Optional[GlobalNorm] = None):
         self.spec, self.options, self.norm = spec, options or LoaderOptions(), norm
         if not spec.fea or spec.n_chunks < 1:
             raise ValueError(f"dataset {spec.data_name}: needs at least one feature stream and n_chunks >= 1")
         self.report: dict = {}
         self._kinds = {lab.lab_name: label_kind(lab.lab_opts) for lab in spec.lab}
-        self.sources = [_FeatureSource(s) for s in spec.fea]
+        self.sources = [FeatureSource(s) for s in spec.fea]
         self.stores: dict[str, AlignmentStore] = {}
         for lab in spec.lab:
             if lab.lab_folder not in self.stores:

@@ -26,7 +26,6 @@ The experiment folder (``[exp] out_folder``)::
 from __future__ import annotations
 
 import argparse
-import configparser
 import logging
 import shutil
 import sys
@@ -40,162 +39,24 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-import decode
-import models
-from config import Config, ConfigError, parse_config, unit_options, write_resolved
-from data_io import (Corpus, DatasetSpec, GlobalNorm, KaldiIOError, LoaderOptions, LoglikeWriter, log_priors,
-                     read_counts, read_transition_model, write_counts)
-from models import native
+from bru_kaldi import decoding
+from bru_kaldi.atomic import write_atomically
+from bru_kaldi.builtin_corpus import BuiltinCorpusError, ensure_builtin_corpus
+from bru_kaldi.config import Config, ConfigError, parse_config, write_resolved
+from bru_kaldi.distributed import Distributed
+from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line
+from bru_kaldi.network import build_model, check_architectures, has_unused_parameters
+from bru_kaldi.training import (Progress, batch_loss, learning_rate, load_checkpoint, make_optimizer,
+                                plot_learning_curve, save_checkpoint, seed_everything)
+from data_io import (Corpus, GlobalNorm, KaldiIOError, LoglikeWriter, dataset_for, loader_options, log_priors,
+                     read_counts, write_counts)
 from models.acoustic import AcousticModel
-from training import (IGNORE, Distributed, Progress, learning_rate, load_checkpoint, make_optimizer,
-                      plot_learning_curve, save_checkpoint, seed_everything, write_atomically)
+from models.fast import native
 
 log = logging.getLogger("run_exp")
 
 
-# --------------------------------------------------------------------------- the experiment folder
-class Experiment:
-    """Paths in the experiment folder and the markers of finished stages (``.done/<stage>``)."""
-
-    def __init__(self, folder):
-        self.folder = Path(folder)
-        self.checkpoint = self.folder / "checkpoint.pt"
-        self.final = self.folder / "final.pt"
-        self.res = self.folder / "res.res"
-        self.resolved = self.folder / "config.resolved.cfg"
-
-    def done(self, stage: str) -> bool:
-        return (self.folder / ".done" / stage).is_file()
-
-    def mark(self, stage: str) -> None:
-        (self.folder / ".done").mkdir(parents=True, exist_ok=True)
-        (self.folder / ".done" / stage).touch()
-
-    def unmark(self, stages) -> None:
-        for stage in stages:
-            (self.folder / ".done" / stage).unlink(missing_ok=True)
-
-    def write_res(self, history: list[dict], decode_lines: Optional[list[str]] = None) -> None:
-        """``res.res``: the epoch lines, then the decoding lines (kept in ``decode.res`` between runs)."""
-        decode_file = self.folder / "decode.res"
-        if decode_lines is not None:
-            write_atomically(decode_file, lambda tmp: tmp.write_text("".join(f"{line}\n" for line in decode_lines)))
-        lines = [epoch_line(h) for h in history]
-        if decode_file.is_file():
-            lines += decode_file.read_text().splitlines()
-        write_atomically(self.res, lambda tmp: tmp.write_text("".join(f"{line}\n" for line in lines)))
-
-
-def epoch_line(h: dict) -> str:
-    lrs = " ".join(f"lr_{name}={lr:.3g}" for name, lr in h["lr"].items())
-    return (f"epoch={h['epoch']:03d} train_loss={h['train_loss']:.4f} train_err={h['train_err']:.4f} "
-            f"dev_loss={h['dev_loss']:.4f} dev_err={h['dev_err']:.4f} {lrs} time={h['seconds']:.1f}s")
-
-
-def check_same_experiment(exp: Experiment, resolved_text: str, source: str) -> None:
-    """A folder with training progress may only be resumed with the config that made it.
-
-    Changes to ``[decoding]``, ``[forward]``, ``[data_use] forward_with`` and ``[exp] device`` are
-    allowed: they do not change what was trained (re-decode with ``--stage decode``).
-    """
-    if not exp.resolved.is_file() or not (exp.checkpoint.is_file() or exp.final.is_file()):
-        return
-    allowed = {"decoding": None, "forward": None, "data_use": {"forward_with"}, "exp": {"device"}}
-
-    def relevant(text):
-        parser = configparser.ConfigParser(interpolation=None)
-        parser.optionxform = str
-        parser.read_string(text)
-        return {(section, option): value for section in parser.sections() for option, value in parser.items(section)
-                if section not in allowed or (allowed[section] is not None and option not in allowed[section])}
-
-    before, now = relevant(exp.resolved.read_text()), relevant(resolved_text)
-    changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-    if changed:
-        details = "; ".join(f"[{s}] {o}: {before.get((s, o))!r} -> {now.get((s, o))!r}" for s, o in changed[:5])
-        raise ConfigError(f"{source}: {exp.folder} holds an experiment trained with a different config ({details}); "
-                          "use --force to start it again, or another [exp] out_folder")
-
-
-# --------------------------------------------------------------------------- data
-def dataset_spec(config: Config, name: str, with_labels: bool) -> DatasetSpec:
-    """The streams of data set ``name`` the model uses: ``[model] inputs`` in that order, and the
-    senone (and monophone) labels when ``with_labels``."""
-    spec = DatasetSpec.from_config(config.dataset(name))
-    if config.model.inputs:
-        streams = {s.fea_name: s for s in spec.fea}
-        for wanted in config.model.inputs:
-            if wanted not in streams:
-                raise ConfigError(f"{config.source} [model] inputs: dataset {name} has no feature stream {wanted!r}; "
-                                  f"it has {sorted(streams)}")
-        spec.fea = [streams[wanted] for wanted in config.model.inputs]
-    labels = label_names(config) if with_labels else []
-    have = {s.lab_name for s in spec.lab}
-    for wanted in labels:
-        if wanted not in have:
-            raise ConfigError(f"{config.source}: dataset {name} needs a label stream {wanted!r} "
-                              f"([model] senone_lab / mono_lab); it has {sorted(have)}")
-    spec.lab = [s for s in spec.lab if s.lab_name in labels]
-    return spec
-
-
-def label_names(config: Config) -> list[str]:
-    return [config.model.senone_lab] + ([config.model.mono_lab] if config.model.mono_lab != "none" else [])
-
-
-def loader_options(config: Config, purpose: str) -> LoaderOptions:
-    b = config.batches
-    checks = dict(max_missing_fraction=b.max_missing_fraction, length_tolerance=b.length_tolerance)
-    if purpose == "train":
-        return LoaderOptions(b.batch_size_train, b.max_seq_length_train, b.long_utterances, config.exp.seed, shuffle=True, **checks)
-    if purpose == "valid":
-        return LoaderOptions(b.batch_size_valid, b.max_seq_length_valid, b.long_utterances, config.exp.seed, shuffle=False, **checks)
-    # forward: whole utterances (their keys name the output rows), in scp order
-    return LoaderOptions(b.batch_size_valid, 0, "split", config.exp.seed, shuffle=False, **checks)
-
-
-def save_norm(path: Path, norm: GlobalNorm) -> None:
-    write_atomically(path, lambda tmp: np.savez(open(tmp, "wb"), mean=norm.mean, std=norm.std))
-
-
-def load_norm(path: Path) -> GlobalNorm:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: feature normalisation of the trained model is missing (train it first)")
-    with np.load(path) as stats:
-        return GlobalNorm(stats["mean"], stats["std"])
-
-
-# --------------------------------------------------------------------------- model
-def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optional[int]):
-    """The acoustic model of ``[model] stack`` and the parameter groups of each architecture
-    (the output layers train with the last architecture's optimiser)."""
-    stacks, size = [], input_dim
-    if len(set(config.model.stack)) != len(config.model.stack):
-        raise ConfigError(f"{config.source} [model] stack: an architecture appears twice: {config.model.stack}")
-    for name in config.model.stack:
-        arch = config.architecture(name)
-        stack = models.build_stack(arch.unit, size, arch.sizes, dropout=arch.dropout, norm=arch.norm,
-                                   bidirectional=arch.bidirectional, options=unit_options(arch))
-        stacks.append(stack)
-        size = stack.output_size
-    model = AcousticModel(stacks, num_pdfs, num_mono)
-    groups = [list(stack.parameters()) for stack in model.stacks]
-    groups[-1] += [p for name, p in model.named_parameters() if not name.startswith("stacks.")]
-    return model, groups
-
-
-def has_unused_parameters(model: AcousticModel, device: torch.device) -> bool:
-    """Whether some parameter gets no gradient (a unit option that leaves it out): DDP must then look
-    for them at every step, which costs a traversal of the graph, so it is only asked to when needed."""
-    model.eval()  # no dropout draws, no batch-norm statistics updated
-    out = model(torch.zeros(1, 2, model.input_size, device=device), torch.tensor([2], device=device))
-    sum(o.sum() for o in out.values()).backward()
-    unused = any(p.grad is None for p in model.parameters() if p.requires_grad)
-    model.zero_grad(set_to_none=True)
-    model.train()
-    return unused
-
-
+# --------------------------------------------------------------------------- device
 def pick_device(config: Config) -> torch.device:
     wanted = config.exp.device
     if wanted == "cuda" and not torch.cuda.is_available():
@@ -212,37 +73,18 @@ def autocast(config: Config, device: torch.device):
     return nullcontext()
 
 
-def batch_loss(out: dict, batch, config: Config, global_frames: int, world: int):
-    """Senone cross-entropy (+ ``mono_weight`` x monophone cross-entropy) summed over this rank's
-    frames and divided by the frames of the *global* batch, times ``world`` because DDP averages
-    gradients over ranks: the gradient is exactly the single-process one. Returns the loss to
-    backpropagate and the (loss sum, frame errors, frames) of the senone output on this share."""
-    labels = batch.labels[config.model.senone_lab]
-    logits = out["senone"].float()
-    senone_sum = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="sum")
-    total = senone_sum
-    if "mono" in out:
-        mono = batch.labels[config.model.mono_lab]
-        total = total + config.model.mono_weight * F.cross_entropy(
-            out["mono"].float().flatten(0, 1), mono.flatten(), ignore_index=IGNORE, reduction="sum")
-    real = labels != IGNORE
-    errors = int(((logits.argmax(-1) != labels) & real).sum())
-    return total / global_frames * world, (float(senone_sum.detach()), errors, int(real.sum()))
-
-
 # --------------------------------------------------------------------------- training
 def train(config: Config, exp: Experiment, device: torch.device, dist: Distributed) -> None:
     senone = config.model.senone_lab
-    train_spec = dataset_spec(config, config.data_use.train_with, with_labels=True)
-    norm_path = exp.folder / "feature_norm.npz"
-    if norm_path.is_file():
-        norm = load_norm(norm_path)
+    train_spec = dataset_for(config, config.data_use.train_with, with_labels=True)
+    if exp.norm.is_file():
+        norm = GlobalNorm.load(exp.norm)
     else:  # statistics of the training set only; dev and test get the same ones
         norm = Corpus(train_spec, loader_options(config, "valid")).global_norm()
         if dist.main:
-            save_norm(norm_path, norm)
+            norm.save(exp.norm)
     train_set = Corpus(train_spec, loader_options(config, "train"), norm)
-    dev_set = Corpus(dataset_spec(config, config.data_use.valid_with, with_labels=True), loader_options(config, "valid"), norm)
+    dev_set = Corpus(dataset_for(config, config.data_use.valid_with, with_labels=True), loader_options(config, "valid"), norm)
     if dev_set.label_dims[senone] != train_set.label_dims[senone]:
         raise KaldiIOError(f"dataset {config.data_use.valid_with}: {dev_set.label_dims[senone]} pdfs in its alignments' "
                            f"final.mdl, {train_set.label_dims[senone]} in the training set's")
@@ -252,9 +94,9 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
     if dist.main:  # what forward and decode need, also for --forward-only runs on other data
         counts = train_set.counts(senone)
         if counts is not None:
-            write_counts(str(exp.folder / "pdf_counts"), counts)
+            write_counts(str(exp.counts), counts)
         lab_folder = next(s.lab_folder for s in train_spec.lab if s.lab_name == senone)
-        write_atomically(exp.folder / "final.mdl", lambda tmp: shutil.copyfile(Path(lab_folder) / "final.mdl", tmp))
+        write_atomically(exp.model, lambda tmp: shutil.copyfile(Path(lab_folder) / "final.mdl", tmp))
 
     num_mono = train_set.label_dims[config.model.mono_lab] if config.model.mono_lab != "none" else None
     seed_everything(config.exp.seed)  # the initial weights
@@ -310,7 +152,7 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
             share = (batch.select(slice(0, 1)) if empty else share).to(device, non_blocking=True)
             with autocast(config, device):
                 out = net(share.x, share.lengths)
-            loss, (loss_sum, errors, frames) = batch_loss(out, share, config, batch.num_frames, dist.world)
+            loss, (loss_sum, errors, frames) = batch_loss(out, share.labels, config.model, batch.num_frames, dist.world)
             for optimizer in optimizers:
                 optimizer.zero_grad(set_to_none=True)
             (loss * 0 if empty else loss).backward()
@@ -361,7 +203,7 @@ def evaluate(net, corpus: Corpus, config: Config, device: torch.device, dist: Di
         share = share.to(device)
         with autocast(config, device):
             out = net(share.x, share.lengths)
-        _, (loss_sum, errors, frames) = batch_loss(out, share, config, 1, 1)
+        _, (loss_sum, errors, frames) = batch_loss(out, share.labels, config.model, 1, 1)
         totals = [totals[0] + loss_sum, totals[1] + errors, totals[2] + frames]
     loss_sum, errors, frames = dist.sum(totals)
     return loss_sum / frames, errors / frames
@@ -385,7 +227,7 @@ def load_trained(config: Config, model_dir: Path, device: torch.device) -> Acous
 def forward(config: Config, exp: Experiment, model_dir: Path, device: torch.device) -> None:
     """Write log-likelihoods for every ``forward_with`` set: log posteriors - log priors (Kaldi's hybrid recipe)."""
     model = load_trained(config, model_dir, device)
-    norm = load_norm(model_dir / "feature_norm.npz")
+    norm = GlobalNorm.load(model_dir / "feature_norm.npz")
     priors = None
     if config.forward.normalize_posteriors:
         counts_file = model_dir / "pdf_counts"
@@ -397,7 +239,7 @@ def forward(config: Config, exp: Experiment, model_dir: Path, device: torch.devi
         out_dir = exp.folder / f"forward_{name}"
         if exp.done(f"forward_{name}"):
             continue
-        corpus = Corpus(dataset_spec(config, name, with_labels=False), loader_options(config, "forward"), norm)
+        corpus = Corpus(dataset_for(config, name, with_labels=False), loader_options(config, "forward"), norm)
         if corpus.feature_dim != model.input_size:
             raise KaldiIOError(f"dataset {name}: features of dimension {corpus.feature_dim}, the model takes {model.input_size}")
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -423,7 +265,7 @@ def decode_jobs(config: Config, exp: Experiment, model_dir: Path) -> list:
                         name, config.model.senone_lab)
             continue
         text = Path(lab.lab_data_folder) / "text" if lab.lab_data_folder else None
-        jobs.append(decode.DecodeJob(name=name, loglikes_scp=exp.folder / f"forward_{name}" / "loglikes.scp",
+        jobs.append(decoding.DecodeJob(name=name, loglikes_scp=exp.folder / f"forward_{name}" / "loglikes.scp",
                                      graph_dir=Path(lab.lab_graph), model=model_dir / "final.mdl",
                                      ref_text=text if text and text.is_file() else None,
                                      out_dir=exp.folder / f"decode_{name}"))
@@ -439,7 +281,7 @@ def decode_and_score(config: Config, exp: Experiment, model_dir: Path, history: 
     if tune_on is None:
         log.warning("valid_with=%s is not decoded with a reference (add it to forward_with): every set is decoded "
                     "at [decoding] acwt=%s, untuned", valid, config.decoding.acwt)
-    results = decode.decode_sets(jobs, config.decoding, tune_on, log=log.info)
+    results = decoding.decode_sets(jobs, config.decoding, tune_on, log=log.info)
     lines = [results[job.name].res_line() for job in jobs]
     exp.write_res(history, lines)
     for line in lines:
@@ -472,6 +314,7 @@ def parse_arguments(argv):
 def run(argv=None) -> None:
     args, overrides = parse_arguments(argv)
     config = parse_config(args.config, overrides)
+    check_architectures(config)  # every unit and its options, before anything runs
     device = pick_device(config)
     dist = Distributed.from_environment(device.type)
     if dist.world > 1 and device.type == "cuda":
@@ -499,9 +342,8 @@ def run(argv=None) -> None:
         native.native_ops(torch.zeros(1))
 
     if config.exp.builtin_corpus != "none" and dist.main:
-        from recipes.mini_timit.corpus import ensure_corpus
-
-        ensure_corpus(config.exp.builtin_corpus_dir, size=config.exp.builtin_corpus, seed=1, log=log.info)
+        log.info("built-in corpus (%s) in %s", config.exp.builtin_corpus, config.exp.builtin_corpus_dir)
+        ensure_builtin_corpus(config.exp.builtin_corpus_dir, size=config.exp.builtin_corpus, seed=1, log=log.info)
     dist.barrier()
 
     model_dir = Path(args.model) if args.model else exp.folder
@@ -543,8 +385,8 @@ def run(argv=None) -> None:
 def main(argv=None) -> int:
     try:
         run(argv)
-    except (ConfigError, KaldiIOError, FileNotFoundError, FloatingPointError, decode.DecodeInputError,
-            decode.KaldiDecodeError) as error:
+    except (ConfigError, KaldiIOError, FileNotFoundError, FloatingPointError, BuiltinCorpusError,
+            decoding.DecodeInputError, decoding.KaldiDecodeError) as error:
         if logging.getLogger().handlers:  # also in log.txt
             log.error("error: %s", error)
         else:

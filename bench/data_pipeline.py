@@ -1,4 +1,4 @@
-"""Speed of the data pipeline against the trainer it feeds (issue 3): the loader must not be what
+"""Speed of the data pipeline against the trainer it feeds: the loader must not be what
 the trainer waits for.
 
 Builds a synthetic Kaldi corpus in a temporary folder, as Kaldi would have written it: two compressed
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import kaldi_hmm_gmm as khg  # before the other kaldi packages (import order, see field notes)
+import kaldi_hmm_gmm as khg  # before the other kaldi packages (some import orders of the kaldi packages hang)
 import kaldi_native_fbank as knf
 import kaldi_native_io as knio
 import numpy as np
@@ -36,10 +36,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import models  # noqa: E402
-from data_io import Corpus, DatasetSpec, FeatureStream, LabelStream, LoaderOptions  # noqa: E402
+from data_io import Corpus, Dataset, FeatureStream, LabelStream, LoaderOptions  # noqa: E402
 from models.acoustic import AcousticModel  # noqa: E402
-from training import masked_cross_entropy  # noqa: E402
-from transition_model import standard_topology_text, write_transition_model  # noqa: E402
+from bru_kaldi.training import frame_cross_entropy  # noqa: E402
+from bru_kaldi.kaldi.transition_model import standard_topology_text, write_transition_model  # noqa: E402
 
 
 def build_corpus(root: Path, utts: int, frames: int, speakers: int, seed: int) -> int:
@@ -80,7 +80,7 @@ def build_corpus(root: Path, utts: int, frames: int, speakers: int, seed: int) -
 
 def make_corpus(root: Path, args) -> Corpus:
     d = root / "data"
-    spec = DatasetSpec("bench", [
+    spec = Dataset("bench", [
         FeatureStream("mfcc", f"{d}/feats.scp", "cmvn=speaker delta_order=2"),
         FeatureStream("fbank", f"{d}/fbank.scp", "cmvn=utterance"),
     ], [LabelStream("lab_cd", str(root / "ali")),
@@ -98,9 +98,9 @@ def measure_loader(corpus: Corpus) -> float:
 def training_step(net, optimizer, batch, device) -> int:
     batch = batch.to(device)
     logits = net(batch.x, batch.lengths)["senone"]
-    loss, _, frames = masked_cross_entropy(logits, batch.labels["lab_cd"])
+    loss_sum, _, frames = frame_cross_entropy(logits, batch.labels["lab_cd"])
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss_sum / frames).backward()
     optimizer.step()
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -1,4 +1,4 @@
-"""Speed of set-level decoding (issue 5): real-time factor and utterances per second of the Python
+"""Speed of set-level decoding: real-time factor and utterances per second of the Python
 decoder, one worker against several, and against the number of utterances decoded.
 
 Decodes the built-in corpus's test set through ``decode.decode_sets`` (what run_exp.py calls) with
@@ -34,7 +34,7 @@ import decode  # noqa: E402
 from data_io import LoglikeWriter  # noqa: E402
 from recipes.mini_timit.corpus import ensure_corpus  # noqa: E402
 from recipes.mini_timit.local.check import read_alignments  # noqa: E402
-from transition_model import read_transition_model  # noqa: E402
+from bru_kaldi.kaldi.transition_model import read_transition_model  # noqa: E402
 
 
 def write_loglikes(corpus, out: Path, kind: str, seed: int) -> tuple[Path, dict[str, int]]:

@@ -1,4 +1,4 @@
-"""Speed of the recurrent layers: fast path vs. the reference loop vs. ``torch.nn.LSTM`` (issue 7).
+"""Speed of the recurrent layers: fast path vs. the reference loop vs. ``torch.nn.LSTM``.
 
 For each unit and size, prints milliseconds for the forward pass (no gradients) and for forward +
 backward (float32, ``B`` sequences of ``T`` frames, ``F`` inputs, full lengths), and the ratios to
@@ -7,7 +7,7 @@ loop, all measured in one run. Each timing is the median of ``--repeats`` runs a
 fast path and the LSTM are timed in turn within each repeat so that both see the same load.
 
 By default (about 1-2 minutes on 2 CPU cores) every unit at H=256 unidirectional, plus one
-bidirectional row (Li-BRU, H=256); ``--full`` runs the grid of issue 7 (H=256 and 550, uni and bi).
+bidirectional row (Li-BRU, H=256); ``--full`` runs the whole grid (H=256 and 550, uni and bi).
 
 Usage: python bench/recurrences.py [--full] [--hidden 256 550] [--directions uni bi] [--units libru ...]
   e.g. python bench/recurrences.py --hidden 256 --directions uni --units libru ubru:kalman --repeats 3

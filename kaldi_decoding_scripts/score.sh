@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Score lattices from decode_dnn.sh against a Kaldi data dir's text, for a grid of LM weights and
 # word insertion penalties, as Kaldi's steps/score_kaldi.sh does: one wer_LMWT_WIP file each.
-# The corpus filter (TIMIT 48 -> 39 folding, WSJ/AMI noise tokens) is scoring.py's, applied to
+# The corpus filter (TIMIT 48 -> 39 folding, WSJ/AMI noise tokens) is bru_kaldi/scoring.py's, applied to
 # references and hypotheses alike. Choose LMWT and WIP on dev, then score test with exactly those
 # (--min-lmwt N --max-lmwt N --wip W): never choose them on test.
 
@@ -58,7 +58,8 @@ for job in $(seq "$num_jobs"); do
   [ -f "$dir/lat.$job.gz" ] || { echo "$0: Error: no such file $dir/lat.$job.gz" >&2; exit 1; }
 done
 
-filter() { python "$here/../scoring.py" filter "$scoring"; }
+# the filter is the toolkit's own (bru_kaldi/scoring.py), found from the folder above this script
+filter() { PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}" python -m bru_kaldi.scoring filter "$scoring"; }
 
 mkdir -p "$dir/scoring/log"
 filter < "$data/text" > "$dir/scoring/ref.txt"

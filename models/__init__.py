@@ -24,6 +24,39 @@ name           unit                                                             
 ``cudnn_lstm`` ``torch.nn.LSTM`` (cuDNN / oneDNN), for speed comparisons                   ``models.vendor``
 =============  ==========================================================================  ===============
 
+The modules, bottom up: ``recurrent`` (the :class:`Cell` base classes, the layer, the stack: one
+time loop, projection, norm, dropout, bidirection and padding for every unit), ``norm``, the unit
+families (``bru``, ``ubru``, ``tpami``, ``gated``, ``vendor``), ``fast/`` (hand-written backward
+passes and the C++ kernels for the units that have them) and ``acoustic`` (stacks plus the senone
+and monophone outputs).
+
+Adding a unit
+-------------
+A unit without a fast path touches two files:
+
+1. **Its cell**, in its family's module (``models/gated.py`` for another baseline) or in a new
+   ``models/<family>.py``: a subclass of :class:`models.recurrent.Cell`, or of
+   :class:`models.recurrent.RecurrentMatrixCell` when it has a recurrent matrix ``U`` (``(G*H, H)``,
+   orthogonal per gate). It sets ``num_gates`` (the layer projects every frame to ``G*H`` at once),
+   and defines ``initial_state(proj)`` and ``step(proj_t, state) -> (emitted, new_state)``, one time
+   step with the paper's equation numbers in comments; ``finish`` too if it has a backward
+   recursion. Its unit-specific options are the keyword arguments of its ``__init__`` (validated
+   there, with a ``ValueError`` naming the allowed values), and ``variants`` lists the option
+   settings besides the defaults that the tests should sweep. Projection, norm, dropout, bidirection
+   and padding are the layer's: the cell never sees them.
+2. **This file**: one line in ``_CELLS`` below, the name users write in ``[architectureN] unit`` (lower
+   case) -> the cell class.
+
+Nothing else registers it. Configs accept the name (checked when ``bru_kaldi.network`` builds the
+model, before any data is read), ``build`` and ``build_stack`` build it, and these tests pick it up
+from :data:`UNITS` and :func:`variants`, never from a list of their own: ``tests/test_units.py``
+(shapes, padded frames zero and without influence, step-by-step equals whole sequence,
+bidirectional width and reversal, float64 gradcheck for inputs and every parameter, stability over
+long sequences, eval-mode determinism) and ``tests/test_fast_recurrences.py`` (fast path or fallback
+equals the reference loop). ``tests/test_unit_equations.py`` fails for a unit that has no independent
+reference: give it a float64 NumPy transcription of the paper's equations there (written from the
+paper, not from the cell). A fast path is optional and lives in ``models/fast/`` (its docstring).
+
 >>> import torch, models
 >>> layer = models.build("libru", 40, 16, bidirectional=True, dropout=0.2, norm="batch")
 >>> layer(torch.randn(3, 7, 40), torch.tensor([7, 5, 2])).shape
@@ -69,6 +102,7 @@ class UBRULayer(RecurrentLayer):
         return self.cells[0].tau01
 
 
+# The registry: the name a config writes -> the cell class. One line per unit (see "Adding a unit").
 _CELLS: dict[str, type[Cell]] = {
     "bru": BRUCell,
     "libru": LiBRUCell,
@@ -86,6 +120,22 @@ _VENDOR = {"cudnn_gru": "gru", "cudnn_lstm": "lstm"}
 UNITS: tuple[str, ...] = tuple(_CELLS) + tuple(_VENDOR)
 # Units whose layers offer `posteriors()` (the probabilities of the Bayesian units).
 BAYESIAN_UNITS: tuple[str, ...] = tuple(name for name, cell in _CELLS.items() if cell.has_posteriors)
+
+
+def variants(unit: Optional[str] = None) -> list[tuple[str, dict]]:
+    """``(unit, options)`` for every unit (or one): its defaults, then each setting of its cell's
+    ``variants``. What the tests sweep over.
+
+    >>> variants("ubru")
+    [('ubru', {}), ('ubru', {'backward': 'kalman'}), ('ubru', {'backward': 'hmm'})]
+    """
+    if unit is not None and unit not in UNITS:
+        raise _unknown("unit", str(unit), UNITS)
+    found = []
+    for name in UNITS if unit is None else (unit,):
+        found.append((name, {}))
+        found.extend((name, dict(options)) for options in (_CELLS[name].variants if name in _CELLS else ()))
+    return found
 
 
 def _unknown(kind: str, value: str, accepted: Sequence[str]) -> ValueError:
@@ -189,4 +239,5 @@ def build_stack(
     return RecurrentStack(layers)
 
 
-__all__ = ["UNITS", "BAYESIAN_UNITS", "build", "build_stack", "cell_options", "RecurrentLayer", "RecurrentStack", "UBRULayer"]
+__all__ = ["UNITS", "BAYESIAN_UNITS", "build", "build_stack", "cell_options", "variants", "RecurrentLayer",
+           "RecurrentStack", "UBRULayer"]

@@ -13,7 +13,8 @@ Each unit has two forms that compute the same function:
   (``log h < -87``); its safeguard clamps ``h`` at the smallest normal float before the log, which
   keeps values finite but zeroes gradients through saturated units.
 
-The initial state is ``h_0 = 0.5`` (field notes: ``log(0 + eps)`` through ``V`` saturates units at t = 1).
+The initial state is ``h_0 = 0.5``: starting from ``h_0 = 0`` would feed ``log(0 + eps)``, a large negative
+vector, through the orthogonal ``V`` and saturate most units at t = 1.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ import math
 import torch
 from torch.nn import functional as F
 
-from models import fast_paths
-from models.gated import RecurrentMatrixCell
-from models.recurrent import log_sigmoid_pair
+from models import fast
+from models.recurrent import RecurrentMatrixCell, log_sigmoid_pair
 
 FORMS = ("log", "prob")
 
@@ -34,6 +34,7 @@ class _LogStateCell(RecurrentMatrixCell):
     """Shared by BRU and Li-BRU: the state is ``log h_{t-1}``, starting from ``log 0.5``."""
 
     has_posteriors = True
+    variants = ({"form": "prob"},)
 
     def __init__(self, hidden_size: int, form: str = "log"):
         if form not in FORMS:
@@ -52,7 +53,7 @@ class _LogStateCell(RecurrentMatrixCell):
         return log_h, log_h.exp()
 
     def fast_forward(self, proj, lengths):
-        return fast_paths.gated(self, self.fast_kind, proj, lengths) if self.form == "log" else None
+        return fast.gated(self, self.fast_kind, proj, lengths) if self.form == "log" else None
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, form={self.form!r}"
@@ -92,7 +93,8 @@ class LiBRUCell(_LogStateCell):
         h_t  = z_t * h~_t + (1 - z_t) * h_{t-1}                          (7c)
 
     In log space (7c) is ``log h_t = logaddexp(log z_t + log h~_t, log(1 - z_t) + log h_{t-1})``
-    (field notes: mixing ``1/h`` instead would be a different, harmonic, model).
+    (mixing ``exp(-log h) = 1/h`` instead, as a naive port of eq. 7c to ``l = -log h`` does, would be a
+    different, harmonic, model).
 
     >>> import models
     >>> layer = models.build("libru", 3, 4, bidirectional=True)

@@ -8,11 +8,10 @@ frame, ``(B, G*H)``, split into the gates in the order given by each class.
 from __future__ import annotations
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
-from models import fast_paths
-from models.recurrent import Cell, orthogonal_blocks_
+from models import fast
+from models.recurrent import Cell, RecurrentMatrixCell
 
 ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid, "softplus": F.softplus}
 
@@ -21,20 +20,6 @@ def _activation(name: str):
     if name not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {name!r}")
     return ACTIVATIONS[name]
-
-
-class RecurrentMatrixCell(Cell):
-    """A cell with one recurrent matrix ``U`` of shape ``(G*H, H)``, orthogonally initialised per gate."""
-
-    recurrent_bias = False
-
-    def __init__(self, hidden_size: int):
-        super().__init__(hidden_size)
-        self.recurrent = nn.Linear(hidden_size, self.num_gates * hidden_size, bias=self.recurrent_bias)
-        orthogonal_blocks_(self.recurrent.weight, hidden_size)
-
-    def initial_state(self, proj):
-        return (proj.new_zeros(proj.size(0), self.hidden_size),)
 
 
 class GRUCell(RecurrentMatrixCell):
@@ -114,7 +99,7 @@ class LiGRUCell(RecurrentMatrixCell):
         return (h,), (h,)
 
     def fast_forward(self, proj, lengths):
-        return fast_paths.gated(self, "ligru", proj, lengths)
+        return fast.gated(self, "ligru", proj, lengths)
 
 
 class MGUCell(RecurrentMatrixCell):
@@ -148,6 +133,8 @@ class RNNCell(RecurrentMatrixCell):
     >>> models.build("rnn", 3, 4, activation="relu")(torch.randn(2, 5, 3), [5, 2]).shape
     torch.Size([2, 5, 4])
     """
+
+    variants = ({"activation": "relu"},)
 
     def __init__(self, hidden_size: int, activation: str = "tanh"):
         super().__init__(hidden_size)

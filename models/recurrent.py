@@ -180,6 +180,8 @@ class Cell(nn.Module):
     has_posteriors = False
     # "fast": the cell's fast path where it has one, else the reference loop; see set_implementation.
     implementation = "fast"
+    # Option settings besides the defaults (keyword arguments of __init__) that the tests sweep over.
+    variants: tuple[dict, ...] = ()
 
     def __init__(self, hidden_size: int):
         super().__init__()
@@ -205,7 +207,7 @@ class Cell(nn.Module):
 
     def fast_forward(self, proj: torch.Tensor, lengths: torch.Tensor):
         """The same function as :meth:`reference_forward` with a hand-written backward pass
-        (``models/fast_*.py``), or ``None`` where this cell or its options have none."""
+        (``models/fast/``), or ``None`` where this cell or its options have none."""
         return None
 
     def reference_forward(self, proj: torch.Tensor, lengths: torch.Tensor):
@@ -220,6 +222,20 @@ class Cell(nn.Module):
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}"
+
+
+class RecurrentMatrixCell(Cell):
+    """A cell with one recurrent matrix ``U`` of shape ``(G*H, H)``, orthogonally initialised per gate."""
+
+    recurrent_bias = False
+
+    def __init__(self, hidden_size: int):
+        super().__init__(hidden_size)
+        self.recurrent = nn.Linear(hidden_size, self.num_gates * hidden_size, bias=self.recurrent_bias)
+        orthogonal_blocks_(self.recurrent.weight, hidden_size)
+
+    def initial_state(self, proj):
+        return (proj.new_zeros(proj.size(0), self.hidden_size),)
 
 
 IMPLEMENTATIONS = ("fast", "reference")
@@ -358,6 +374,7 @@ def logit(p: float) -> float:
 def log_sigmoid_pair(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log sigma(a), log(1 - sigma(a)))`` without forming ``1 - sigma(a)`` by subtraction.
 
-    log sigma(a) = -softplus(-a) and log(1 - sigma(a)) = -softplus(a) (field notes).
+    log sigma(a) = -softplus(-a) and log(1 - sigma(a)) = -softplus(a): both stay finite where sigma(a)
+    rounds to 0 or 1, so neither log ever sees a 0.
     """
     return -F.softplus(-a), -F.softplus(a)

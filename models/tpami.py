@@ -27,9 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models import fast_paths
-from models.gated import RecurrentMatrixCell
-from models.recurrent import backward_scan, log_sigmoid_pair, orthogonal_blocks_
+from models import fast
+from models.recurrent import RecurrentMatrixCell, backward_scan, log_sigmoid_pair, orthogonal_blocks_
 
 
 class UBRUTpamiCell(RecurrentMatrixCell):
@@ -54,6 +53,7 @@ class UBRUTpamiCell(RecurrentMatrixCell):
     num_gates = 3
     has_posteriors = True
     BACKWARDS = (None, "unit")
+    variants = ({"backward": "unit"}, {"input_gate": False})
 
     def __init__(self, hidden_size: int, backward=None, input_gate: bool = True):
         if backward not in self.BACKWARDS:
@@ -130,6 +130,7 @@ class LBRUCell(RecurrentMatrixCell):
 
     has_posteriors = True
     BACKWARDS = (None, "layer")
+    variants = ({"backward": "layer"}, {"input_gate": False}, {"input_gate": False, "backward": "layer"})
 
     def __init__(self, hidden_size: int, backward=None, input_gate: bool = True):
         if backward not in self.BACKWARDS:
@@ -177,7 +178,7 @@ class LBRUCell(RecurrentMatrixCell):
         return h, h
 
     def fast_forward(self, proj, lengths):
-        return fast_paths.lbru(self, proj, lengths)
+        return fast.lbru(self, proj, lengths)
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, backward={self.backward!r}, input_gate={self.input_gate}"

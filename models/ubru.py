@@ -7,7 +7,7 @@ probability ``rho0 = P(phi_0)`` and transitions ``tau11 = P(phi_t | phi_{t-1})``
 log-likelihood ratio ``a_t = W x_t + b = log p(x_t | phi) - log p(x_t | not phi)`` (eq. 5, 6:
 ``r_t = exp(-a_t)``). There is no recurrent matrix.
 
-Forward (alpha) pass, computed in log-odds so that nothing saturates (field notes)::
+Forward (alpha) pass, computed in log-odds (``logit alpha_t = logit p_t + a_t``) so that nothing saturates::
 
     p_t     = tau11 alpha_{t-1} + tau01 (1 - alpha_{t-1})          (10)
     alpha_t = sigma(a_t + logit(p_t))                                (9), equivalent to (8)
@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models import fast_paths
+from models import fast
 from models.recurrent import Cell, backward_scan, log_sigmoid_pair, logit
 
 BACKWARDS = (None, "kalman", "hmm")
@@ -57,6 +57,7 @@ class UBRUCell(Cell):
     """
 
     has_posteriors = True
+    variants = ({"backward": "kalman"}, {"backward": "hmm"})
 
     def __init__(self, hidden_size: int, backward=None, rho0: float = 0.5, tau11: float = 0.9, tau01: float = 0.1):
         if backward not in BACKWARDS:
@@ -111,7 +112,7 @@ class UBRUCell(Cell):
         return gamma, gamma
 
     def fast_forward(self, a, lengths):
-        return fast_paths.ubru(self, a, lengths)
+        return fast.ubru(self, a, lengths)
 
     def _kalman(self, alpha, alpha_logit, log_p, log_not_p, lengths):
         """Eq. 21 for gamma and eq. 26 for 1 - gamma, both started at gamma_T = alpha_T."""

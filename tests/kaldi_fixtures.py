@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import kaldi_hmm_gmm as khg  # imported first: some import orders of the kaldi packages hang (field notes)
+import kaldi_hmm_gmm as khg  # imported first: some import orders of the kaldi packages hang (`import kaldilm, kaldifst` hangs; kaldi_hmm_gmm first is safe)
 import kaldi_native_fbank as knf
 import kaldi_native_io as knio
 import numpy as np
 
-from transition_model import TransitionModel, standard_topology_text, write_transition_model
+from bru_kaldi.kaldi.transition_model import TransitionModel, standard_topology_text, write_transition_model
 
 SILENCE = 1
 NONSILENCE = [2, 3, 4, 5]

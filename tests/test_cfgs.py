@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import config
-import models
-from config import ConfigError, parse_config
-from data_io import Corpus, DatasetSpec, LoaderOptions
-from feature_transforms import parse_fea_opts
+from bru_kaldi import config
+from bru_kaldi.config import ConfigError, parse_config
+from data_io import Corpus, LoaderOptions, dataset_for
+from bru_kaldi.feature_transforms import parse_fea_opts
+from bru_kaldi.network import build_model
 from models.acoustic import AcousticModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,15 +77,8 @@ def input_dim(cfg: config.Config) -> int:
 
 
 def build(cfg: config.Config, num_pdfs: int = 119) -> AcousticModel:
-    """The acoustic model of ``[model] stack``, as run_exp builds it (models.build_stack + unit_options)."""
-    stacks, size = [], input_dim(cfg)
-    for name in cfg.model.stack:
-        arch = cfg.architecture(name)
-        stack = models.build_stack(arch.unit, size, arch.sizes, dropout=arch.dropout, norm=arch.norm,
-                                   bidirectional=arch.bidirectional, options=config.unit_options(arch))
-        stacks.append(stack)
-        size = stack.output_size
-    return AcousticModel(stacks, num_pdfs, 40 if cfg.model.mono_lab != "none" else None)
+    """The acoustic model of ``[model] stack``, as run_exp builds it."""
+    return build_model(cfg, input_dim(cfg), num_pdfs, 40 if cfg.model.mono_lab != "none" else None)[0]
 
 
 def _file(spec: str) -> Path:
@@ -139,10 +132,9 @@ def test_cfg_names_existing_kaldi_files(path):
 def test_cfg_data_reads_with_its_labels(path):
     """The validation set through data_io, with every label stream the model trains on."""
     cfg = parse_config(path)
-    spec = DatasetSpec.from_config(cfg.dataset(cfg.data_use.valid_with))
-    spec.fea = [s for s in spec.fea if s.fea_name in cfg.model.inputs]
+    spec = dataset_for(cfg, cfg.data_use.valid_with, with_labels=True)
+    assert [s.fea_name for s in spec.fea] == cfg.model.inputs
     wanted = {cfg.model.senone_lab, cfg.model.mono_lab}
-    spec.lab = [s for s in spec.lab if s.lab_name in wanted]
     assert {s.lab_name for s in spec.lab} == wanted - {"none"}
     corpus = Corpus(spec, LoaderOptions(batch_size=2, shuffle=False, prefetch=False))
     assert corpus.feature_dim == input_dim(cfg)
@@ -165,8 +157,8 @@ def test_cfg_model_builds_and_runs(path):
         assert ("mono" in out) == (cfg.model.mono_lab != "none")
 
 
-def test_mini_cfgs_cover_every_unit_the_issue_names():
-    """Issue 6: Li-BRU, UBRU with and without backward, LBRU, Li-GRU, GRU, LSTM, bidirectional GRU and
+def test_mini_cfgs_cover_every_unit_type_compared():
+    """Li-BRU, UBRU with and without backward, LBRU, Li-GRU, GRU, LSTM, bidirectional GRU and
     Li-GRU, and Li-GRU + one UBRU layer on top (forward-backward paper, Table 2)."""
     layers = set()  # (unit, backward, bidirectional) of every architecture of a single-architecture cfg
     stacked = []

@@ -1,10 +1,13 @@
 """Config parsing: typed values, validation messages, overrides, variables, the resolved copy."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
-from config import ConfigError, parse_config, parse_config_text, parse_overrides, write_resolved
+from bru_kaldi.config import ConfigError, parse_config, parse_config_text, parse_overrides, write_resolved
+
+ROOT = Path(__file__).resolve().parents[1]
 
 BASE = """
 [exp]
@@ -85,8 +88,8 @@ def test_values_are_typed_and_lists_filled_per_layer(exp_root):
 
 def test_unit_options_reach_the_units():
     """Set options reach ``models.build``; unset ones ("none") leave the unit's own defaults."""
-    from config import unit_options
     import models
+    from bru_kaldi.network import unit_options
 
     cfg = parse_config_text(BASE.replace("backward = kalman", "backward = kalman\nrho0 = 0.25\ntau11 = 0.75"))
     rec, top = cfg.architectures
@@ -98,6 +101,43 @@ def test_unit_options_reach_the_units():
     lbru = parse_config_text(BASE.replace("unit = ligru", "unit = lbru\ninput_gate = False")).architectures[0]
     assert unit_options(lbru) == {"backward": None, "input_gate": False}
     assert models.build("lbru", 3, 4, **unit_options(lbru)).cells[0].input_gate is False
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (("unit = ligru", "unit = lgru"), r"\[architecture arch_name=rec\]: unknown unit 'lgru' \(did you mean 'ligru'\?\)"),
+        (("backward = kalman", "backward = kalmann"), r"arch_name=top\]: backward must be one of"),
+        (("backward = kalman", "backward = kalman\ntau11 = 1.5"), r"tau11 must be a probability in \(0, 1\), got 1.5"),
+        (("backward = kalman", "backward = kalman\ninput_gate = False"),
+         r"unit ubru takes no input_gate option \(units that do: lbru, ubru_tpami\)"),
+        (("unit = ligru", "unit = ligru\nrho0 = 0.3"), r"unit ligru takes no rho0 option \(units that do: ubru\)"),
+        (("stack = rec,top", "stack = rec,top,rec"), r"\[model\] stack: an architecture appears twice"),
+    ],
+)
+def test_units_and_their_options_are_checked_before_anything_runs(edit, message):
+    """A config parses without the models; run_exp then checks every unit and its options."""
+    from bru_kaldi.network import check_architectures
+
+    old, new = edit
+    assert old in BASE
+    cfg = parse_config_text(BASE.replace(old, new, 1))
+    with pytest.raises(ConfigError, match=message):
+        check_architectures(cfg)
+
+
+def test_reading_a_config_needs_neither_torch_nor_the_models():
+    """The config module and its imports load with torch (and so the models) made unimportable."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['models'] = None\n"
+            "from bru_kaldi.config import parse_config\n"
+            "cfg = parse_config('cfg/MINI_liBRU.cfg')\n"
+            "print(cfg.architectures[0].unit, 'torch' in sys.modules and sys.modules['torch'] is not None)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["libru", "False"]
 
 
 def test_overrides_replace_values():
@@ -114,13 +154,8 @@ def test_overrides_replace_values():
         (("[decoding]", "[decodng]"), r"unknown section 'decodng' \(did you mean 'decoding'\?\)"),
         (("seed = 7", "seed = seven"), r"\[exp\] option seed: expected an integer, got 'seven'"),
         (("arch_opt = adam", "arch_opt = adamw"), r"option arch_opt: 'adamw' is not accepted \(did you mean 'adam'\?\); expected one of sgd, adam"),
-        (("unit = ligru", "unit = lgru"), r"option unit: 'lgru' is not accepted \(did you mean 'ligru'\?\)"),
         (("bidirectional = True,False", "bidirectional = True,False,True"), r"bidirectional: expected 1 or 2 values"),
         (("bidirectional = True,False", "bidirectional = maybe"), "expected a boolean"),
-        (("backward = kalman", "backward = kalmann"), "backward must be one of"),
-        (("backward = kalman", "backward = kalman\ntau11 = 1.5"), r"tau11 must be a probability in \(0, 1\), got 1.5"),
-        (("backward = kalman", "backward = kalman\ninput_gate = False"), r"unit ubru takes no input_gate option \(units that do: lbru, ubru_tpami\)"),
-        (("unit = ligru", "unit = ligru\nrho0 = 0.3"), r"unit ligru takes no rho0 option \(units that do: ubru\)"),
         (("stack = rec,top", "stack = rec,tpo"), r"unknown architecture in stack 'tpo' \(did you mean 'top'\?\)"),
         (("valid_with = train", "valid_with = dev"), r"unknown dataset for valid_with 'dev'"),
         (("inputs = fbank,mfcc", "inputs = fbank,plp"), "unknown feature stream in inputs 'plp'"),
@@ -168,7 +203,7 @@ def test_empty_variable_is_named_as_empty(monkeypatch):
 
 
 def test_batches_checks_reach_the_loader():
-    from run_exp import loader_options
+    from data_io import loader_options
 
     cfg = parse_config_text(BASE.replace("n_chunks = 2", "n_chunks = 2\n[batches]\nmax_missing_fraction = 0.2\nlength_tolerance = 3"))
     for purpose in ("train", "valid", "forward"):

@@ -10,15 +10,15 @@ import kaldiio
 import numpy as np
 import pytest
 
-import alignments
-import batching
+from bru_kaldi.kaldi import alignments
+from bru_kaldi import batching
 import data_io
-import feature_transforms
-import kaldi_tables
-import transition_model
+from bru_kaldi import feature_transforms
+from bru_kaldi.kaldi import tables as kaldi_tables
+from bru_kaldi.kaldi import transition_model
 from data_io import (ArkWriter, KaldiIOError, LoglikeWriter, ScpTable, log_priors, read_counts, read_int_vectors,
                      read_matrices, write_counts)
-from feature_transforms import (FeatureOptions, add_deltas, apply_cmvn, compute_cmvn_stats, parse_fea_opts,
+from bru_kaldi.feature_transforms import (FeatureOptions, add_deltas, apply_cmvn, compute_cmvn_stats, parse_fea_opts,
                                 splice)
 
 RNG = np.random.default_rng(0)

@@ -6,9 +6,9 @@ import kaldiio
 import numpy as np
 import pytest
 
-import decode
+from bru_kaldi import decoding as decode
 from recipes.mini_timit.local.layout import read_table
-from transition_model import read_transition_model
+from bru_kaldi.kaldi.transition_model import read_transition_model
 
 
 def test_transition_loglikes_puts_tid_scores_in_column_tid_minus_one():

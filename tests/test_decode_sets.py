@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import config
-import decode
+from bru_kaldi import config
+from bru_kaldi import decoding as decode
+from bru_kaldi.decoding import kaldi_scripts, python_decoder
 from data_io import LoglikeWriter, log_priors
 from recipes.mini_timit.local.check import read_alignments
 from recipes.mini_timit.local.layout import read_table
-from transition_model import read_transition_model
+from bru_kaldi.kaldi.transition_model import read_transition_model
 
 OFF_PATH = float(np.log(1e-30))  # log posterior of every pdf but the aligned one, in the oracle
 RES_LINE = re.compile(r"^(\w+): %WER (\d+\.\d\d) \[ \d+ / \d+, \d+ ins, \d+ del, \d+ sub \] (acwt=\S+) decoder=python "
@@ -213,7 +214,7 @@ def test_a_crashed_decode_leaves_no_old_results_behind(corpus, tmp_path, monkeyp
     def crash(task):
         raise MemoryError("out of memory")
 
-    monkeypatch.setattr(decode, "_decode_task", crash)
+    monkeypatch.setattr(python_decoder, "decode_task", crash)
     with pytest.raises(MemoryError):
         decode.decode_sets([job], decoding(), tune_on="dev", log=quiet)
     assert not (job.out_dir / "scoring").exists() and not (job.out_dir / "text").exists()
@@ -227,7 +228,7 @@ def die(task):
 def test_a_worker_that_dies_is_an_error_not_a_hang(corpus, tmp_path, monkeypatch):
     tiny = corpus[0]
     job = make_job(tiny, "dev", oracle_scp(corpus, tmp_path, "dev"), tmp_path)
-    monkeypatch.setattr(decode, "_decode_task", die)
+    monkeypatch.setattr(python_decoder, "decode_task", die)
     with pytest.raises(RuntimeError, match="decoding set 'dev': a decoding worker died"):
         decode.decode_sets([job], decoding(num_jobs=2), tune_on="dev", log=quiet)
     assert not (job.out_dir / "scoring" / "summary.txt").exists()
@@ -355,7 +356,7 @@ def test_kaldi_chooses_lm_weight_on_dev_and_applies_it_to_the_other_sets(corpus,
                             for u, t in read_table(tiny.data(split) / "text").items()))
     monkeypatch.setenv("STANDIN_HYPS", str(hyps))
     monkeypatch.setenv("STANDIN_FAIL", sorted(pdfs["test"])[1])
-    monkeypatch.setattr(decode, "KALDI_LMWTS", (2, 3, 4, 5))  # a smaller grid than score.sh's 1..10: faster
+    monkeypatch.setattr(kaldi_scripts, "KALDI_LMWTS", (2, 3, 4, 5))  # a smaller grid than score.sh's 1..10: faster
     jobs = both_sets(corpus, tmp_path, lambda p: oracle(p, tm.num_pdfs))
     jobs.append(make_job(tiny, "dev", jobs[0].loglikes_scp, tmp_path, name="eval", ref_text=None,
                          out_dir=tmp_path / "decode_eval"))
@@ -364,7 +365,7 @@ def test_kaldi_chooses_lm_weight_on_dev_and_applies_it_to_the_other_sets(corpus,
     assert {r.decoder for r in results.values()} == {"kaldi"}
     assert results["dev"].setting == "lmwt=3 wip=0.0"  # three penalties tie: the smallest wins
     assert results["dev"].score.total.errors == 0
-    assert sum(line.startswith("dev lmwt=") for line in lines) == 4 * len(decode.KALDI_WIPS)
+    assert sum(line.startswith("dev lmwt=") for line in lines) == 4 * len(kaldi_scripts.KALDI_WIPS)
     assert len((jobs[0].out_dir / "scoring" / "summary.txt").read_text().splitlines()) == 4 * 3 + 2
     assert results["dev"].passes == 1  # lattices rescored, not decoded again
     # test is scored at dev's setting only, where the stand-in recognises nothing: all deletions

@@ -1,9 +1,9 @@
-"""The fast paths (models/fast_*.py) against the reference loop (`Cell.reference_forward`), issue 7.
+"""The fast paths (models/fast/) against the reference loop (`Cell.reference_forward`).
 
 Outputs, posteriors and the gradients of the input and of every parameter must agree for every
 accelerated unit and option, both directions, ragged lengths with garbage in the padding, float64
 (to 1e-8) and float32 (to 1e-5), relative to the values' scale; each for both time-loop backends,
-the C++ kernels (models/native.py, built here if need be: the tests require them) and the
+the C++ kernels (models/fast/native.py, built here if need be: the tests require them) and the
 TorchScript loops (what runs on a GPU or without a compiler).
 """
 
@@ -12,22 +12,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import models
-from models import native
+from models.fast import native
 from models.recurrent import set_implementation
-from tests.unit_variants import make_layer, variant_id
+from tests.unit_variants import VARIANTS, has_fast_path, make_layer, variant_id
 
-FAST_VARIANTS = [
-    ("bru", {}),
-    ("libru", {}),
-    ("ligru", {}),
-    ("lbru", {}),
-    ("lbru", {"backward": "layer"}),
-    ("lbru", {"input_gate": False}),
-    ("lbru", {"input_gate": False, "backward": "layer"}),
-    ("ubru", {}),
-    ("ubru", {"backward": "kalman"}),
-    ("ubru", {"backward": "hmm"}),
-]
+FAST_VARIANTS = [v for v in VARIANTS if has_fast_path(*v)]
+SLOW_VARIANTS = [v for v in VARIANTS if not has_fast_path(*v) and not v[0].startswith("cudnn_")]
 CASES = [(u, o, bi, dt) for u, o in FAST_VARIANTS for bi in (False, True) for dt in (torch.float64, torch.float32)]
 
 
@@ -120,11 +110,15 @@ def test_fast_path_gradcheck_and_single_frame(unit, options, backend):
         assert torch.autograd.gradcheck(run, (x, *params), eps=1e-6, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize(
-    "unit, options",
-    [("bru", {"form": "prob"}), ("libru", {"form": "prob"}), ("gru", {}), ("lstm", {}), ("mgu", {}), ("rnn", {}),
-     ("ubru_tpami", {})],
-)
+def test_the_fast_paths_cover_the_units_they_claim():
+    """A fast path that stopped being taken would pass every test below by running the reference loop."""
+    covered = {unit for unit, _ in FAST_VARIANTS}
+    assert covered == set(models.fast.FAST), (covered, set(models.fast.FAST))
+    assert ("lbru", {"input_gate": False, "backward": "layer"}) in FAST_VARIANTS
+    assert ("ubru", {"backward": "hmm"}) in FAST_VARIANTS
+
+
+@pytest.mark.parametrize("unit, options", SLOW_VARIANTS, ids=[variant_id(v) for v in SLOW_VARIANTS])
 def test_units_without_fast_path_fall_back_to_the_reference(unit, options):
     layer = make_layer(unit, options)
     assert layer.cells[0].fast_forward(torch.zeros(1, 2, layer.proj.out_features), torch.tensor([2])) is None
@@ -249,7 +243,7 @@ def test_native_kernels_serve_only_cpu_floating_point(monkeypatch):
 def test_softplus_recurrence_runs_backwards_in_time(backend):
     """``reverse=True`` is the forward recursion on time-flipped inputs (the HMM pass uses it), and
     its hand-written gradient passes gradcheck."""
-    from models.fast_scans import SoftplusRecurrence
+    from models.fast.scans import SoftplusRecurrence
 
     generator = torch.Generator().manual_seed(0)
     c, k, x0 = (torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from batching import IGNORE, Prefetcher
-from config import parse_config_text
-from data_io import (Corpus, DatasetSpec, FeatureStream, KaldiIOError, LabelStream, LoaderOptions, LoglikeWriter,
+from bru_kaldi.batching import IGNORE, Prefetcher
+from bru_kaldi.config import parse_config_text
+from data_io import (Corpus, Dataset, FeatureStream, KaldiIOError, LabelStream, LoaderOptions, LoglikeWriter,
                      log_priors)
 from tests.kaldi_fixtures import build_corpus
-from training import masked_cross_entropy
+from bru_kaldi.training import frame_cross_entropy
 
 MFCC_OPTS = "apply-cmvn --utt2spk=ark:{d}/utt2spk scp:{d}/cmvn.scp ark:- ark:- | add-deltas --delta-order=1 ark:- ark:- |"
 
@@ -32,7 +32,7 @@ def kaldi(tmp_path_factory):
 
 def spec(kaldi, n_chunks=1, fea_lst=None, **lab):
     d = kaldi["data"]
-    return DatasetSpec("train", [
+    return Dataset("train", [
         FeatureStream("mfcc", fea_lst or f"{d}/feats.scp", MFCC_OPTS.format(d=d), cw_left=1, cw_right=1),
         FeatureStream("fbank", f"scp:{d}/fbank.scp", "cmvn=utterance norm_vars=true"),
     ], [LabelStream("lab_cd", str(kaldi["ali"]), **lab),
@@ -73,8 +73,8 @@ def test_batches_match_an_independent_computation(kaldi):
             assert (batch.labels["lab_cd"][b, n:] == IGNORE).all() and (batch.labels["lab_mono"][b, n:] == IGNORE).all()
             seen.append(key)
         # padding never reaches the loss or the error count
-        loss, errors, frames = masked_cross_entropy(torch.zeros(B, T, 17), batch.labels["lab_cd"])
-        assert frames == int(batch.lengths.sum()) and abs(float(loss) - np.log(17)) < 1e-5
+        loss_sum, errors, frames = frame_cross_entropy(torch.zeros(B, T, 17), batch.labels["lab_cd"])
+        assert frames == int(batch.lengths.sum()) and abs(float(loss_sum) / frames - np.log(17)) < 1e-5
     assert sorted(seen) == kaldi["keys"]
 
 
@@ -217,7 +217,7 @@ def test_memory_is_bounded_by_the_chunk_not_the_corpus(tmp_path):
     mats = {f"utt{i:04d}": rng.standard_normal((int(rng.integers(60, 140)), 40)).astype(np.float32) for i in range(400)}
     kaldiio.save_ark(str(tmp_path / "f.ark"), mats, scp=str(tmp_path / "f.scp"))
     from tests.kaldi_fixtures import khg_model
-    from transition_model import write_transition_model
+    from bru_kaldi.kaldi.transition_model import write_transition_model
     ali = tmp_path / "ali"
     ali.mkdir()
     write_transition_model(khg_model(), ali / "final.mdl")
@@ -225,7 +225,7 @@ def test_memory_is_bounded_by_the_chunk_not_the_corpus(tmp_path):
     (ali / "ali.1.gz").write_bytes(__import__("gzip").compress((ali / "ali.1.gz.tmp").read_bytes()))
     (ali / "ali.1.gz.tmp").unlink()
     n_chunks = 16
-    corpus = Corpus(DatasetSpec("big", [FeatureStream("f", str(tmp_path / "f.scp"), "cmvn=utterance")],
+    corpus = Corpus(Dataset("big", [FeatureStream("f", str(tmp_path / "f.scp"), "cmvn=utterance")],
                                 [LabelStream("lab", str(ali))], n_chunks), LoaderOptions(batch_size=4))
     corpus_bytes = sum(m.nbytes for m in mats.values())
     chunk_bytes = corpus_bytes / n_chunks
@@ -303,7 +303,7 @@ sizes = 8
 stack = rnn
 inputs = mfcc
 """)
-    dataset = DatasetSpec.from_config(cfg.dataset("train"))
+    dataset = cfg.dataset("train")
     assert dataset.fea[0] == FeatureStream("mfcc", f"{d}/feats.scp", MFCC_OPTS.format(d=d), 1, 1)
     assert dataset.lab[0].lab_folder == str(kaldi["ali"]) and dataset.n_chunks == 2
     assert Corpus(dataset).feature_dim == 78
@@ -332,13 +332,13 @@ def test_cmvn_stats_that_do_not_fit_are_refused_up_front(kaldi, tmp_path):
             w.write(speaker, np.ones((2, 6)))  # stats of 5-dim features, for 13-dim MFCC
     stream = FeatureStream("mfcc", str(kaldi["data"] / "feats.scp"), f"cmvn=speaker cmvn_stats=scp:{tmp_path}/cmvn.scp")
     with pytest.raises(KaldiIOError, match=r"cmvn\.scp: CMVN stats of 'spk0' have shape \(2, 6\).*expected \(2, 14\)"):
-        Corpus(DatasetSpec("x", [stream]))
+        Corpus(Dataset("x", [stream]))
     bare = tmp_path / "bare"  # a data dir without cmvn.scp: per-speaker stats computed from the features
     bare.mkdir()
     for name in ("feats.scp", "utt2spk"):
         (bare / name).write_text((kaldi["data"] / name).read_text())
-    computed = Corpus(DatasetSpec("x", [FeatureStream("mfcc", str(bare / "feats.scp"), "cmvn=speaker")]))
-    given = Corpus(DatasetSpec("x", [FeatureStream("mfcc", str(kaldi["data"] / "feats.scp"), "cmvn=speaker")]))
+    computed = Corpus(Dataset("x", [FeatureStream("mfcc", str(bare / "feats.scp"), "cmvn=speaker")]))
+    given = Corpus(Dataset("x", [FeatureStream("mfcc", str(kaldi["data"] / "feats.scp"), "cmvn=speaker")]))
     assert set(computed.sources[0].cmvn) == set(given.sources[0].cmvn) == {"spk0", "spk1", "spk2"}
     for speaker, stats in given.sources[0].cmvn.items():
         np.testing.assert_allclose(computed.sources[0].cmvn[speaker], stats, rtol=1e-9)
@@ -348,7 +348,7 @@ def test_the_built_in_corpus_reads_end_to_end(tiny_corpus):
     from data_io import read_alignments, read_transition_model
 
     ali = tiny_corpus.ali("train")
-    spec = DatasetSpec("train", [
+    spec = Dataset("train", [
         FeatureStream("fbank", str(tiny_corpus.feats("train")), "cmvn=speaker"),
         FeatureStream("mfcc", str(tiny_corpus.feats("train", "mfcc")),
                       f"cmvn=speaker cmvn_stats=scp:{tiny_corpus.cmvn('train', 'mfcc')} delta_order=2"),

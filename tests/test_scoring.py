@@ -2,7 +2,7 @@
 
 import pytest
 
-from scoring import ErrorCounts, filter_tokens, read_text, score, write_per_utterance, write_text
+from bru_kaldi.scoring import ErrorCounts, filter_tokens, read_text, score, write_per_utterance, write_text
 
 
 def test_hand_computed_alignment():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.kaldi_fixtures import khg_model, random_alignment, random_phones
-from transition_model import (KaldiIOError, TransitionModel, read_transition_model, standard_topology_text,
+from bru_kaldi.kaldi.transition_model import (KaldiIOError, TransitionModel, read_transition_model, standard_topology_text,
                               write_transition_model)
 
 KINDS = ["standard", "shared", "chain"]

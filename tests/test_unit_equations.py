@@ -158,6 +158,20 @@ REFERENCES = [
 ]
 
 
+# Units held to an independent reference in other tests: the UBRU to exact HMM filtering and smoothing
+# by brute force over all state sequences (test_ubru_exact.py), GRU and LSTM to torch.nn (below); the
+# cudnn_* layers are torch.nn modules themselves.
+CHECKED_ELSEWHERE = {"ubru": "test_ubru_exact.py", "gru": "torch.nn.GRU", "lstm": "torch.nn.LSTM",
+                     "cudnn_gru": "torch.nn.GRU itself", "cudnn_lstm": "torch.nn.LSTM itself"}
+
+
+def test_every_registered_unit_has_an_independent_reference():
+    """A unit added to models.UNITS fails here until its equations have a transcription above."""
+    referenced = {unit for unit, _, _ in REFERENCES} | set(CHECKED_ELSEWHERE)
+    missing = sorted(set(models.UNITS) - referenced)
+    assert not missing, f"units without an independent reference of their equations: {missing}"
+
+
 @pytest.mark.parametrize("unit, options, reference", REFERENCES, ids=lambda v: v if isinstance(v, str) else None)
 def test_unit_matches_its_equations(unit, options, reference):
     layer = make_layer(unit, options, input_size=3, hidden_size=5, dtype=torch.float64, seed=11)

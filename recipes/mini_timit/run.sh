@@ -63,8 +63,21 @@ log() {
   echo "$(date '+%Y-%m-%d %H:%M:%S') ($(basename "$0"):${BASH_LINENO[0]}) $*"
 }
 
-# Each stage is a Python module run from the repository root (it imports decode.py, scoring.py,
-# transition_model.py from there); it exits non-zero on any error, which set -e turns into ours.
+# Complete stages are skipped here, quietly, without starting their modules (each stage module would
+# also skip itself); a corpus built with another size or seed stops the recipe with the reason.
+first=$(cd "$repo_root" && PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}" \
+  "$python" -m recipes.mini_timit.local.layout --size "$size" --seed "$seed" "$root")
+if [ "$first" -gt "$stage" ]; then
+  if [ "$first" -gt "$stop_stage" ]; then
+    log "Stages $stage-$stop_stage are complete in $root (size $size, seed $seed): nothing to do"
+  else
+    log "Stages $stage-$((first - 1)) are complete in $root: starting at stage $first"
+  fi
+  stage=$first
+fi
+
+# Each stage is a Python module run from the repository root (it imports the bru_kaldi package from
+# there); it exits non-zero on any error, which set -e turns into ours.
 run_stage() {
   local n=$1 name=$2 start end
   if [ "$stage" -le "$n" ] && [ "$stop_stage" -ge "$n" ]; then
@@ -84,4 +97,4 @@ run_stage 3 prepare_lang
 run_stage 4 make_mono
 run_stage 5 make_graph
 run_stage 6 check
-log "Done: $root (oracle PER in $root/exp/mono/decode_oracle_test/per.txt)"
+[ "$stop_stage" -lt 6 ] || log "Done: $root (oracle PER in $root/exp/mono/decode_oracle_test/per.txt)"

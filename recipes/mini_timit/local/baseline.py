@@ -22,10 +22,10 @@ import kaldiio
 import numpy as np
 import torch
 
-import decode
+from bru_kaldi import decoding as decode
 from recipes.mini_timit.local.layout import read_table
-from scoring import score
-from transition_model import read_transition_model
+from bru_kaldi.scoring import score
+from bru_kaldi.kaldi.transition_model import read_transition_model
 
 CONTEXT = 5
 

@@ -101,8 +101,8 @@ def check_split(root: Path, split: str, phones: set[str], tid2pdf: np.ndarray, n
 
 def oracle_decode(root: Path, split: str, tid2pdf: np.ndarray, num_pdfs: int):
     """Decode the aligned pdfs of ``split`` as one-hot log-likelihoods; returns scoring's Score."""
-    import decode
-    import scoring
+    from bru_kaldi import decoding as decode
+    from bru_kaldi import scoring
 
     graph = decode.load_graph(root / "exp" / "mono" / "graph" / "HCLG.fst")
     words = dict(reversed(line.split()) for line in (root / "exp" / "mono" / "graph" / "words.txt").read_text().splitlines())
@@ -122,7 +122,7 @@ def main() -> None:
     with run_stage(root, 6, args.size, args.seed, inputs=(2, 4, 5)) as run:
         if not run:
             return
-        from transition_model import read_transition_model
+        from bru_kaldi.kaldi.transition_model import read_transition_model
 
         tm = read_transition_model(root / "exp" / "mono" / "final.mdl")
         phones = {p for p, _ in (line.split() for line in (root / "data" / "lang" / "phones.txt").read_text().splitlines())}

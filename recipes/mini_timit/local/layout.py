@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
+
+from bru_kaldi.atomic import write_text_atomically as atomic_write_text
 
 SPLITS = ("train", "dev", "test")
 STAGES = ("prepare_text", "synthesize", "make_features", "prepare_lang", "make_mono", "make_graph", "check")
@@ -59,13 +60,12 @@ def stage_is_complete(root: Path, stage: int, size: str, seed: int) -> bool:
     return True
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def first_incomplete(root: Path, size: str, seed: int) -> int:
+    """The first stage that is not complete (``len(STAGES)`` when all are); raises on another size or seed."""
+    for stage in range(len(STAGES)):
+        if not stage_is_complete(root, stage, size, seed):
+            return stage
+    return len(STAGES)
 
 
 def write_table(path: Path, rows: dict[str, str]) -> None:
@@ -119,3 +119,15 @@ def run_stage(root: Path, stage: int, size: str, seed: int, inputs: tuple[int, .
     marker = stage_marker(root, stage)
     atomic_write_text(marker, json.dumps({"size": size, "seed": seed, **asdict(SIZES[size])}) + "\n")
     print(f"{STAGES[stage]}: done in {time.time() - start:.1f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":  # run.sh asks which stage to start from: prints its number (7 when all are complete)
+    arguments = argparse.ArgumentParser(description="the first incomplete stage of a built-in corpus")
+    arguments.add_argument("--size", choices=sorted(SIZES), default="default")
+    arguments.add_argument("--seed", type=int, default=1)
+    arguments.add_argument("root", type=Path)
+    args = arguments.parse_args()
+    try:
+        print(first_incomplete(args.root, args.size, args.seed))
+    except RuntimeError as error:  # built with another size or seed
+        sys.exit(f"{error}")

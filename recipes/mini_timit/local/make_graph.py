@@ -14,7 +14,7 @@ becomes a full ``rmepsilon``, which is exact too. Writes ``HCLG.fst``, ``words.t
 ``phones.txt``, ``phones/`` (copied from the lang dir), ``disambig_tid.int`` and ``num_pdfs``.
 
 Runs in its own process: it imports kaldi_hmm_gmm first and kaldifst second (some import orders
-of these packages hang, see the field notes).
+of these packages hang for ever, e.g. ``import kaldilm, kaldifst``).
 """
 
 from __future__ import annotations

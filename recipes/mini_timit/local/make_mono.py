@@ -25,7 +25,7 @@ import numpy as np
 
 from recipes.mini_timit.local.layout import SIZES, SPLITS, atomic_write_text, read_table, run_stage, stage_args
 from recipes.mini_timit.local.synthesize import split_by_speaker
-from transition_model import write_transition_model
+from bru_kaldi.kaldi.transition_model import write_transition_model
 
 FRAME_SHIFT, FRAME_LENGTH = 160, 400  # samples at 16 kHz; snip_edges=true
 

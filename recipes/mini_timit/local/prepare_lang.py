@@ -21,7 +21,7 @@ from pathlib import Path
 
 from recipes.mini_timit.local.layout import atomic_write_text, read_table, run_stage, stage_args
 from recipes.mini_timit.local.phoneset import PHONES, SIL
-from transition_model import standard_topology_text
+from bru_kaldi.kaldi.transition_model import standard_topology_text
 
 DISCOUNT = 0.5
 DISAMBIG = ("#0", "#1")  # prepare_lang.sh: #0 for the LM backoff, one more for the optional silence
@@ -56,7 +56,7 @@ def bigram_arpa(sentences: list[list[str]], vocab: list[str]) -> str:
 
 def write_lexicon_fst(path: Path, phone_ids: dict[str, int], word_ids: dict[str, int], disambig: bool) -> None:
     """L.fst (or L_disambig.fst with the #0:#0 self-loop): one state, one arc per word = phone."""
-    import kaldi_hmm_gmm  # noqa: F401  (import order: kaldi_hmm_gmm before kaldifst, see field notes)
+    import kaldi_hmm_gmm  # noqa: F401  (kaldi_hmm_gmm before kaldifst: some import orders of the kaldi packages hang)
     import kaldifst
 
     fst = kaldifst.StdVectorFst()
@@ -128,7 +128,7 @@ def main() -> None:
             raise ValueError(f"{root / 'data/train/text'}: phones not in the phone set: {sorted(unknown)}")
         arpa = local / "lm" / "phone_bigram.arpa"
         atomic_write_text(arpa, bigram_arpa(sentences, list(PHONES)))
-        import kaldilm  # last: some import orders of kaldilm and kaldifst hang (field notes)
+        import kaldilm  # last: `import kaldilm, kaldifst` (that order) hangs for ever
 
         tmp = lang / "G.fst.tmp"
         kaldilm.arpa2fst(input_arpa=str(arpa), output_fst=str(tmp), disambig_symbol="#0",

@@ -19,9 +19,12 @@ from __future__ import annotations
 import functools
 import shlex
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
+
+from bru_kaldi.atomic import write_atomically
 
 CMVN_MODES = ("none", "speaker", "utterance")
 
@@ -242,6 +245,23 @@ class GlobalNorm:
         if feats.shape[-1] != len(self.mean):
             raise ValueError(f"global normalisation of dimension {len(self.mean)}, features of shape {feats.shape}")
         return ((feats - self.mean) / self.std).astype(np.float32)
+
+    def save(self, path) -> None:
+        """Write ``mean`` and ``std`` as an ``.npz``, atomically (what a forward pass on new data needs)."""
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as f:
+                np.savez(f, mean=self.mean, std=self.std)
+
+        write_atomically(path, write)
+
+    @classmethod
+    def load(cls, path) -> "GlobalNorm":
+        """Read what :meth:`save` wrote (no pickles: ``allow_pickle=False``)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: feature normalisation of the trained model is missing (train it first)")
+        with np.load(path, allow_pickle=False) as stats:
+            return cls(stats["mean"], stats["std"])
 
 
 def cmvn_stats_sum(stats: Optional[np.ndarray], feats: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
-// Fused CPU kernels for the time loops of the fast paths (issue 7); loaded by models/native.py.
+// Fused CPU kernels for the time loops of the fast paths; loaded by models/fast/native.py.
 //
-// Why by hand: on a CPU the TorchScript loops of models/fast_gated.py and models/fast_scans.py spend
+// Why by hand: on a CPU the TorchScript loops of models/fast/gated.py and models/fast/scans.py spend
 // most of their time launching 4-9 small kernels per time step (about 9 us each), not computing, and
 // a multi-threaded BLAS call on a product of B = 8-32 rows barely uses the second core. Here each
 // time step is one fused pass over its values: for the cells with a recurrent matrix the threads
@@ -21,6 +21,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -91,7 +92,7 @@ void check_cpu_contiguous(const Tensor& t, const char* name) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Elementwise recursions (models/fast_scans.py)
+// Elementwise recursions (models/fast/scans.py)
 
 // x_t = c_t + softplus(x_{t-1} + k_0) - softplus(x_{t-1} + k_1), x_{-1} = x0; with reverse the same
 // backwards in time, x_t from x_{t+1} and x_T = x0.
@@ -162,7 +163,7 @@ std::tuple<Tensor, Tensor, Tensor> softplus_scan_backward(const Tensor& grad, co
   return {G, grad_k, grad_x0};
 }
 
-// The UBRU Kalman smoother, eq. 21 as the affine recursion of fast_paths._kalman: with
+// The UBRU Kalman smoother, eq. 21 as the affine recursion of fast.paths._kalman: with
 // S_j = sigma(x_t + k_j), gamma_t = (S_0 - S_1) gamma_{t+1} + S_1 before a sequence's last frame, and
 // gamma_t = sigma(x_t) = alpha_t from it on (the last frame, and padding).
 // x (T, B, H) = logit alpha, k (2, H), last (B,) int64 = length - 1 -> gamma (T, B, H).
@@ -243,7 +244,7 @@ std::tuple<Tensor, Tensor> kalman_smoother_backward(const Tensor& grad, const Te
 }
 
 // ---------------------------------------------------------------------------------------------
-// Cells with a recurrent matrix (models/fast_gated.py).
+// Cells with a recurrent matrix (models/fast/gated.py).
 //
 // With B of 8-32 sequences the per-step product h_{t-1} @ W is a GEMM of a few rows, which a
 // multi-threaded BLAS call barely speeds up, and the elementwise step after it is too small to
@@ -356,16 +357,25 @@ void backward_loop(int64_t steps, int64_t B, int64_t H, int64_t width, const T* 
   }
 }
 
-enum GatedKind : int64_t { kBRU = 0, kLiBRU = 1, kLiGRU = 2 };
+enum GatedKind { kBRU, kLiBRU, kLiGRU };
 
-// BRU (eq. 6, log h), Li-BRU (eq. 7c, log h) and Li-GRU (eq. 8) forward; see fast_gated._*_loop.
+// The one table that ties a unit's name (models.UNITS, as the Python fast paths pass it) to its
+// fused kernel: callers pass the name, never a number that depends on the order of a list.
+GatedKind gated_kind(c10::string_view unit) {
+  if (unit == "bru") return kBRU;
+  if (unit == "libru") return kLiBRU;
+  if (unit == "ligru") return kLiGRU;
+  TORCH_CHECK(false, "gated_forward: no fused kernel for unit '", std::string(unit), "' (bru, libru, ligru)");
+}
+
+// BRU (eq. 6, log h), Li-BRU (eq. 7c, log h) and Li-GRU (eq. 8) forward; see fast.gated._*_loop.
 // proj (T, B, G*H), weight_t (H, G*H), h0 (B, H) -> out (T, B, H) and what backward needs besides
 // out: the pre-activations a (Li-GRU; BRU needs none) or [log z, log h~] (Li-BRU), and for Li-BRU
 // log h_{t-1} - a_z. Without train those keep one slot, overwritten every step.
-std::tuple<Tensor, Tensor, Tensor> gated_forward(int64_t kind, const Tensor& proj, const Tensor& weight_t,
+std::tuple<Tensor, Tensor, Tensor> gated_forward(c10::string_view unit, const Tensor& proj, const Tensor& weight_t,
                                                  const Tensor& h0, bool train) {
   check_cpu_contiguous(proj, "proj"), check_cpu_contiguous(weight_t, "weight_t"), check_cpu_contiguous(h0, "h0");
-  TORCH_CHECK(kind == kBRU || kind == kLiBRU || kind == kLiGRU, "gated_forward: unknown kind ", kind);
+  const GatedKind kind = gated_kind(unit);
   const int64_t T = proj.size(0), B = proj.size(1), width = proj.size(2), H = weight_t.size(0), gates = width / H;
   const int64_t slots = train ? T : 1;
   Tensor out = at::empty({T, B, H}, proj.options());
@@ -406,7 +416,7 @@ std::tuple<Tensor, Tensor, Tensor> gated_forward(int64_t kind, const Tensor& pro
   return {out, saved, diff};
 }
 
-// The sequential part of the backward pass of gated_forward (fast_gated._gated_backward):
+// The sequential part of the backward pass of gated_forward (fast.gated._gated_backward):
 // da_t = K_t * g_t (g_t repeated per gate), g_{t-1} = grad_out_{t-1} + C_t * g_t + da_t @ weight.
 // K (T, B, G*H), C (T, B, H), grad_out (T, B, H), weight (G*H, H) -> da (T, B, G*H), dL/dh_0 (B, H).
 std::tuple<Tensor, Tensor> gated_backward(const Tensor& K, const Tensor& C, const Tensor& grad_out,
@@ -440,7 +450,7 @@ std::tuple<Tensor, Tensor> gated_backward(const Tensor& K, const Tensor& C, cons
   return {da, grad_h0};
 }
 
-// TPAMI layer-wise BRU forward, eq. 72-75 and 77 (fast_gated._lbru_loop): gates [z, r, n(, s)],
+// TPAMI layer-wise BRU forward, eq. 72-75 and 77 (fast.gated._lbru_loop): gates [z, r, n(, s)],
 // q_t = p_n + z_{t-1} (U_n h_{t-1} + b_hh), h_t = n + r (h_{t-1} - n) (input gate) or n_t.
 // proj (T, B, G*H), weight_t (H, G*H), bias (H), h0 (B, H) -> h (T, B, H), s (T, B, H) or empty,
 // and with train the gate values [z, r, n(, s)] (without the input gate [z, n(, s)]) and
@@ -582,7 +592,7 @@ TORCH_LIBRARY(bru_kaldi, m) {
   m.def("softplus_scan_backward(Tensor grad, Tensor k, Tensor x0, Tensor x, bool reverse) -> (Tensor, Tensor, Tensor)");
   m.def("kalman_smoother(Tensor x, Tensor k, Tensor last) -> Tensor");
   m.def("kalman_smoother_backward(Tensor grad, Tensor x, Tensor k, Tensor last, Tensor gamma) -> (Tensor, Tensor)");
-  m.def("gated_forward(int kind, Tensor proj, Tensor weight_t, Tensor h0, bool train) -> (Tensor, Tensor, Tensor)");
+  m.def("gated_forward(str unit, Tensor proj, Tensor weight_t, Tensor h0, bool train) -> (Tensor, Tensor, Tensor)");
   m.def("gated_backward(Tensor K, Tensor C, Tensor grad_out, Tensor weight) -> (Tensor, Tensor)");
   m.def("lbru_forward(Tensor proj, Tensor weight_t, Tensor bias, Tensor h0, bool train, bool input_gate)"
         " -> (Tensor, Tensor, Tensor, Tensor)");

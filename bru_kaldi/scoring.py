@@ -21,12 +21,13 @@ counts as all deletions and is listed in :attr:`Score.missing`; it is never drop
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import kaldialign
+
+from bru_kaldi.atomic import write_text_atomically
 
 # The 9 merges from the 48 TIMIT training phones to the 39 scoring classes (Lee and Hon 1989);
 # every other phone maps to itself.
@@ -122,23 +123,14 @@ def read_text(path) -> dict[str, list[str]]:
 
 def write_text(table: Mapping[str, Sequence[str]], path) -> None:
     """Write token lists as a Kaldi ``text`` file, sorted by utterance id (C locale), atomically."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for utt in sorted(table):
-            f.write(" ".join([utt, *table[utt]]) + "\n")
-    os.replace(tmp, path)
+    write_text_atomically(path, "".join(" ".join([utt, *table[utt]]) + "\n" for utt in sorted(table)))
 
 
 def write_per_utterance(result: Score, path) -> None:
     """Per-utterance counts, one line each: ``utt ref_len errors ins del sub`` (for significance tests)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("# utt ref_len errors ins del sub\n")
-        for utt, c in sorted(result.per_utterance.items()):
-            f.write(f"{utt} {c.ref_len} {c.errors} {c.ins} {c.dels} {c.subs}\n")
-    os.replace(tmp, path)
+    lines = ["# utt ref_len errors ins del sub\n"]
+    lines += [f"{utt} {c.ref_len} {c.errors} {c.ins} {c.dels} {c.subs}\n" for utt, c in sorted(result.per_utterance.items())]
+    write_text_atomically(path, "".join(lines))
 
 
 def main(argv=None) -> None:

@@ -29,8 +29,8 @@ from typing import Iterator
 
 import numpy as np
 
-from kaldi_tables import KaldiIOError, read_int_vectors
-from transition_model import read_transition_model
+from bru_kaldi.kaldi.tables import KaldiIOError, read_int_vectors
+from bru_kaldi.kaldi.transition_model import read_transition_model
 
 
 def alignment_files(lab_folder: str) -> list[Path]:

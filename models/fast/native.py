@@ -1,6 +1,6 @@
-"""The fused C++ kernels of the CPU fast paths (``models/csrc/recurrences.cpp``), built on first use.
+"""The fused C++ kernels of the CPU fast paths (``models/fast/csrc/recurrences.cpp``), built on first use.
 
-The fast paths in :mod:`models.fast_gated` and :mod:`models.fast_scans` run their time loops either
+The fast paths in :mod:`models.fast.gated` and :mod:`models.fast.scans` run their time loops either
 here, one fused pass per step (or per sequence, for the elementwise recursions), or as TorchScript
 loops of small ATen kernels. The C++ ops are used for CPU tensors of float32 and float64; the
 TorchScript loops run everything else (CUDA) and are the fallback where the extension cannot be
@@ -8,7 +8,7 @@ built. Both are tested against the reference loop of every unit.
 
 The first use compiles the extension with the machine's C++ compiler (about 15 s on 2 cores) into
 torch's extension cache (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``); later
-runs load it from there, and an edit of the source rebuilds it. ``python -m models.native`` builds it
+runs load it from there, and an edit of the source rebuilds it. ``python -m models.fast.native`` builds it
 ahead of time and prints where it is.
 
 ``BRU_KALDI_NATIVE`` chooses: ``auto`` (default: build, and if that fails warn once and use

@@ -1,6 +1,6 @@
 """Fast time loops for the cells with a recurrent matrix: BRU and Li-BRU (log form), Li-GRU, LBRU.
 
-Each is a ``torch.autograd.Function`` with a hand-written backward pass (issue 7). Autograd on the
+Each is a ``torch.autograd.Function`` with a hand-written backward pass. Autograd on the
 reference loop (``Cell.forward``) records every small step; here
 
 * the forward loop runs one matrix product and one fused elementwise pass per step, and saves only
@@ -10,8 +10,8 @@ reference loop (``Cell.forward``) records every small step; here
   frames at once,
 * the weight gradient is one ``(G*H, B*T) @ (B*T, H)`` product.
 
-Two backends run the loops (:mod:`models.native`): on the CPU the C++ kernels of
-``models/csrc/recurrences.cpp``, where the threads split the hidden units for the whole loop (each
+Two backends run the loops (:mod:`models.fast.native`): on the CPU the C++ kernels of
+``models/fast/csrc/recurrences.cpp``, where the threads split the hidden units for the whole loop (each
 multiplies by its own columns of every gate and runs the elementwise step of its own units, one
 barrier a step; for LBRU the backward loop also forms the per-frame gate derivatives); and the
 TorchScript loops below (:func:`_script`), a handful of ``out=`` kernels a step, for CUDA tensors and
@@ -32,10 +32,9 @@ from typing import Optional
 import torch
 from torch.autograd.function import once_differentiable
 
-from models.native import native_ops
+from models.fast.native import native_ops
 
 
-_KINDS = ("bru", "libru", "ligru")  # the order of the C++ kernel's GatedKind
 
 
 def _needs_grad(ctx) -> bool:
@@ -155,7 +154,7 @@ class GatedRecurrence(torch.autograd.Function):
         weight_t = weight.t().contiguous()  # (H, G*H): a plain (not transposed) operand is faster for small B
         ops = native_ops(proj)
         if ops is not None:
-            out, *saved = ops.gated_forward(_KINDS.index(kind), proj, weight_t, h0.contiguous(), train)
+            out, *saved = ops.gated_forward(kind, proj, weight_t, h0.contiguous(), train)
             saved = saved if kind == "libru" else saved[:1] if kind == "ligru" else []
         elif kind == "libru":
             out = proj.new_empty(T, B, H)
@@ -211,7 +210,7 @@ def _lbru_loop(proj: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor, h
                hidden: torch.Tensor, train: bool, input_gate: bool):
     """Eq. 72-75 (77): see :class:`LBRURecurrence`. ``pre`` and ``hidden`` have ``T`` slots when kept for
     backward, else two used in turn; ``kept`` is ``[a_z, q(, a_s)]`` per frame (``input_gate=False``)."""
-    B, H = h0.size(0), h0.size(1)
+    H = h0.size(1)
     width = proj.size(2)
     u = torch.empty_like(proj[0])  # (B, G*H)
     sig = torch.empty_like(proj[:2])  # ping-pong: keeps z_{t-1} while z_t is formed

@@ -33,6 +33,8 @@ from typing import IO, Iterable, Iterator, Optional
 import kaldiio
 import numpy as np
 
+from bru_kaldi.atomic import temporary_name, write_text_atomically
+
 
 class KaldiIOError(Exception):
     """A Kaldi file, archive entry or pipeline that cannot be used.
@@ -445,10 +447,7 @@ def read_kaldi_vector(path: str) -> np.ndarray:
 def write_kaldi_vector(path: str, values: np.ndarray) -> None:
     """Write a text Kaldi vector ``[ v1 v2 ... ]`` atomically (the format ``analyze-counts --binary=false`` writes)."""
     text = " [ " + " ".join(f"{v:g}" for v in np.asarray(values).tolist()) + " ]\n"
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text_atomically(path, text)
 
 
 # --------------------------------------------------------------------------- writing archives
@@ -480,14 +479,11 @@ class ArkWriter:
         self._keys: set[str] = set()
         self._ark = self._scp = None
 
-    def _tmp(self, path: Path) -> Path:
-        return path.with_name(f".{path.name}.tmp{os.getpid()}")
-
     def __enter__(self) -> "ArkWriter":
         try:
-            self._ark = open(self._tmp(self.ark_path), "wb")
+            self._ark = open(temporary_name(self.ark_path), "wb")
             if self.scp_path:
-                self._scp = open(self._tmp(self.scp_path), "w")
+                self._scp = open(temporary_name(self.scp_path), "w")
         except OSError as error:
             self._discard()
             raise KaldiIOError(f"cannot write {self.ark_path}: {error.strerror}") from None
@@ -516,8 +512,8 @@ class ArkWriter:
         for handle, path in ((self._ark, self.ark_path), (self._scp, self.scp_path)):
             if handle is not None:
                 handle.close()
-            if path is not None and self._tmp(path).exists():
-                self._tmp(path).unlink()
+            if path is not None and temporary_name(path).exists():
+                temporary_name(path).unlink()
         self._ark = self._scp = None
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -529,7 +525,7 @@ class ArkWriter:
                 handle.flush()
                 os.fsync(handle.fileno())
                 handle.close()
-        os.replace(self._tmp(self.ark_path), self.ark_path)
+        os.replace(temporary_name(self.ark_path), self.ark_path)
         if self.scp_path:
-            os.replace(self._tmp(self.scp_path), self.scp_path)
+            os.replace(temporary_name(self.scp_path), self.scp_path)
         self._ark = self._scp = None

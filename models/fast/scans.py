@@ -1,4 +1,4 @@
-"""Fast elementwise recursions with hand-written backward passes (issue 7): the UBRU forward pass, its
+"""Fast elementwise recursions with hand-written backward passes: the UBRU forward pass, its
 Kalman and HMM backward passes, and the gradients of all of them.
 
 Every recursion here is one of a few forms, each a ``torch.autograd.Function``:
@@ -7,14 +7,16 @@ Every recursion here is one of a few forms, each a ``torch.autograd.Function``:
   backwards in time). The UBRU forward pass is this form in log-odds (``logit p_t`` is a difference of
   two ``logaddexp``), and so is its HMM backward pass for ``log beta_t - log beta-bar_t``. Its gradient
   is the linear recursion ``g_{t-1} = dL/dx_{t-1} + D_t g_t`` with ``D_t = sigma(.)[0] - sigma(.)[1]``.
-* :class:`KalmanSmoother` the Kalman backward pass (eq. 21), affine in gamma (field notes).
+* :class:`KalmanSmoother` the Kalman backward pass (eq. 21): given the forward pass it is affine in
+  gamma, ``gamma_t = A_t gamma_{t+1} + B_t`` with ``|A_t| <= 1`` (contractive).
 * :class:`LinearRecurrence` ``y_t = A_t y_{t+-1} + B_t``: the Kalman pass where :class:`KalmanSmoother`
   does not run (off the CPU), and there the gradients of the recursions above.
 * :class:`MatrixRecurrence` ``y_t = A_t (W y_{t+1} + b) + (1 - A_t) h_t``: the TPAMI layer-wise smoothing (eq. 78).
 
-On the CPU the nonlinear forms run in the C++ kernels (:mod:`models.native`): one call per pass, the
-time loop inside, the threads splitting the units (every unit's recursion is independent). The
-field notes point out that they are associative scans; on a CPU a sequential loop over time that is
+On the CPU the nonlinear forms run in the C++ kernels (:mod:`models.fast.native`): one call per pass, the
+time loop inside, the threads splitting the units (every unit's recursion is independent). They are
+associative scans (the UBRU forward step is linear in the unnormalised 2-vector of state
+probabilities, a product of 2x2 matrices), but on a CPU a sequential loop over time that is
 vectorised across ``B*H`` units does the least arithmetic, so that is what the kernels do. Elsewhere
 (CUDA, no compiler) they run as TorchScript loops: the nonlinear form four kernels a step, the
 linear form as a two-level (chunked) scan, ``~2 sqrt(T)`` small steps instead of ``T``
@@ -29,8 +31,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from models.fast_gated import _script
-from models.native import native_ops
+from models.fast.gated import _script
+from models.fast.native import native_ops
 
 @_script
 def _softplus_loop(c: torch.Tensor, k: torch.Tensor, x0: torch.Tensor, out: torch.Tensor):
@@ -48,7 +50,7 @@ class SoftplusRecurrence(torch.autograd.Function):
     """Shapes: ``c`` ``(T, B, H)``, ``k`` ``(2, H)``, ``x0`` ``(B, H)`` -> ``x`` ``(T, B, H)``; with ``reverse``
     the recursion runs backwards in time (``x_t`` from ``x_{t+1}``, ``x_T = x0``).
 
-    On a CPU both passes are one call of the C++ kernels (:mod:`models.native`), threads split by unit.
+    On a CPU both passes are one call of the C++ kernels (:mod:`models.fast.native`), threads split by unit.
     """
 
     @staticmethod
@@ -184,7 +186,7 @@ class KalmanSmoother(torch.autograd.Function):
     with ``S_j = sigma(x_t + k_j)``, and ``gamma_t = sigma(x_t)`` from each sequence's last frame on.
 
     Shapes: ``x`` ``(T, B, H)`` (logit alpha), ``k`` ``(2, H)``, ``last`` ``(B,)`` int64 -> ``(T, B, H)``. The same
-    function as ``fast_paths._kalman`` builds from :class:`LinearRecurrence` (the path on other devices),
+    function as ``fast.paths._kalman`` builds from :class:`LinearRecurrence` (the path on other devices),
     without materialising ``S``, ``A`` and ``B`` for autograd.
     """
 

@@ -1,8 +1,8 @@
-"""The fast path of each accelerated cell (issue 7): the same function as ``Cell.reference_forward``.
+"""The fast path of each accelerated cell: the same function as ``Cell.reference_forward``.
 
 Each function takes the cell, the layer's projections ``proj`` ``(B, T, G*H)`` and ``lengths`` ``(B,)``
 and returns what the reference returns, ``(output, probabilities or None)``, both ``(B, T, H)``. The time
-loops live in :mod:`models.fast_gated` (cells with a recurrent matrix) and :mod:`models.fast_scans`
+loops live in :mod:`models.fast.gated` (cells with a recurrent matrix) and :mod:`models.fast.scans`
 (elementwise recursions); here is only vectorised glue over all frames, in time-major ``(T, B, ...)``.
 
 A cell calls these from its ``fast_forward`` and returns ``None`` for the options they do not cover,
@@ -12,11 +12,10 @@ which sends ``Cell.forward`` to the reference loop (see ``FAST`` below for what 
 from __future__ import annotations
 
 import torch
-from torch.nn import functional as F
 
-from models.fast_gated import GatedRecurrence, LBRURecurrence
-from models.fast_scans import KalmanSmoother, LinearRecurrence, MatrixRecurrence, SoftplusRecurrence
-from models.native import native_ops
+from models.fast.gated import GatedRecurrence, LBRURecurrence
+from models.fast.scans import KalmanSmoother, LinearRecurrence, MatrixRecurrence, SoftplusRecurrence
+from models.fast.native import native_ops
 from models.recurrent import log_sigmoid_pair
 
 # unit -> the options with a fast path; anything else runs the reference loop.
@@ -102,7 +101,7 @@ def ubru(cell, a: torch.Tensor, lengths: torch.Tensor):
 
 
 def _kalman(x, k, at_end):
-    """Eq. 21 as the affine recursion ``gamma_t = A_t gamma_{t+1} + B_t`` (field notes).
+    """Eq. 21 as the affine recursion ``gamma_t = A_t gamma_{t+1} + B_t`` (given alpha, gamma enters linearly).
 
     The two terms of eq. 21 are ``alpha_t tau11 / p_{t+1}`` and ``alpha_t (1 - tau11) / (1 - p_{t+1})``;
     with ``p_{t+1} = tau11 alpha_t + tau01 (1 - alpha_t)`` (eq. 10) they are ``sigma(logit alpha_t + k_0)``

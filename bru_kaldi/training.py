@@ -1,5 +1,5 @@
-"""Pieces of the training loop that run_exp.py shows in one place: loss, optimisers, learning-rate
-schedule, and atomic, resumable checkpoints.
+"""Pieces of the training loop that run_exp.py shows in one place: the loss, optimisers, learning-rate
+schedule, seeds, atomic and resumable checkpoints, and the learning curve.
 
 Everything that changes between epochs is a pure function of the config and the recorded history
 (as nanoGPT's ``get_lr(it)``), so a resumed run recomputes it instead of trusting saved state.
@@ -7,45 +7,69 @@ Everything that changes between epochs is a pure function of the config and the 
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-IGNORE = -100  # label of padded frames: never enters the loss or the error
+from bru_kaldi.atomic import write_atomically
+from bru_kaldi.batching import IGNORE
+from bru_kaldi.config import Model
 
 
 # --------------------------------------------------------------------------- loss and error
-def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Mean cross-entropy and frame error over real frames only.
+def frame_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """Cross-entropy summed over the real frames, frame errors, and the number of real frames.
+
+    The one loss of the toolkit: padded frames (label ``IGNORE``) never enter the loss or the error.
 
     Args:
         logits: ``(B, T, C)``.
         labels: ``(B, T)`` class ids, ``IGNORE`` on padded frames.
 
     Returns:
-        ``(loss, errors, frames)``: the mean loss (a scalar tensor with gradient), the number of
-        wrongly classified frames (a scalar tensor) and the number of real frames.
+        ``(loss_sum, errors, frames)``: the summed loss (a scalar tensor with gradient, float32 even
+        under autocast), the number of wrongly classified frames and the number of real frames.
 
     >>> logits = torch.tensor([[[2.0, 0.0], [0.0, 2.0], [9.0, -9.0]]])
-    >>> loss, errors, frames = masked_cross_entropy(logits, torch.tensor([[0, 0, IGNORE]]))
-    >>> int(errors), frames
-    (1, 2)
+    >>> loss_sum, errors, frames = frame_cross_entropy(logits, torch.tensor([[0, 0, IGNORE]]))
+    >>> round(float(loss_sum), 4), errors, frames
+    (2.2539, 1, 2)
     """
     if labels.shape != logits.shape[:2]:
         raise ValueError(f"labels of shape {tuple(labels.shape)} do not match logits {tuple(logits.shape)}")
+    loss_sum = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="sum")
     real = labels != IGNORE
-    frames = int(real.sum())
-    if frames == 0:
-        raise ValueError("a batch without a single labelled frame")
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="sum") / frames
-    errors = ((logits.argmax(-1) != labels) & real).sum()
-    return loss, errors, frames
+    errors = int(((logits.argmax(-1) != labels) & real).sum())
+    return loss_sum, errors, int(real.sum())
+
+
+def batch_loss(out: dict, labels: dict, model: Model, global_frames: int, world: int = 1):
+    """The training loss of one batch (or this rank's share of it) and the senone statistics.
+
+    Senone cross-entropy plus ``mono_weight`` x the monophone cross-entropy (pytorch-kaldi's
+    multi-task recipes), summed over this share's frames and divided by the frames of the *global*
+    batch, times ``world`` because DDP averages gradients over ranks: the gradient is exactly the
+    single-process one.
+
+    Args:
+        out: the model's logits, ``"senone"`` (and ``"mono"``) ``(B, T, C)``.
+        labels: the batch's label streams by name, ``(B, T)``.
+        model: ``[model]`` of the config (``senone_lab``, ``mono_lab``, ``mono_weight``).
+
+    Returns:
+        ``(loss, (loss_sum, errors, frames))``: the loss to backpropagate and the senone output's
+        summed loss, frame errors and frames on this share.
+    """
+    senone_sum, errors, frames = frame_cross_entropy(out["senone"], labels[model.senone_lab])
+    total = senone_sum
+    if "mono" in out:
+        total = total + model.mono_weight * frame_cross_entropy(out["mono"], labels[model.mono_lab])[0]
+    return total / global_frames * world, (float(senone_sum.detach()), errors, frames)
 
 
 # --------------------------------------------------------------------------- optimisers
@@ -108,18 +132,6 @@ class Progress:
         return {"epoch": self.epoch, "chunk": self.chunk, "history": self.history, "chunk_stats": self.chunk_stats}
 
 
-def write_atomically(path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then move it into place with ``os.replace``:
-    a reader (or a resumed run) sees the old file or the new one, never half of one."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def save_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer], progress: Progress,
                     config_text: str) -> None:
     """Write a checkpoint atomically: a temporary file in the same folder, then ``os.replace``."""
@@ -145,66 +157,6 @@ def load_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.opt
         optimizer.load_state_dict(saved)
     p = state["progress"]
     return Progress(p["epoch"], p["chunk"], list(p["history"]), [tuple(s) for s in p["chunk_stats"]])
-
-
-# --------------------------------------------------------------------------- distributed data parallel
-@dataclass
-class Distributed:
-    """This process's place in a ``torchrun`` job (rank 0 of 1 when run as a plain script).
-
-    Every rank reads the same batches in the same order (same seeds) and trains on its share of the
-    rows of each, ``rank::world``; gradients are averaged by DDP and metrics summed with :meth:`sum`.
-    Only rank 0 writes files.
-    """
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    @classmethod
-    def from_environment(cls, device_type: str) -> "Distributed":
-        """Join the process group when launched by ``torchrun`` (``WORLD_SIZE`` > 1): NCCL on CUDA, gloo on the CPU."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world <= 1:
-            return cls()
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
-        return cls(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-
-    def share(self, batch):
-        """This rank's rows of a global batch; ``None`` when the batch has fewer rows than ranks."""
-        if self.world == 1:
-            return batch
-        rows = slice(self.rank, None, self.world)
-        return batch.select(rows) if self.rank < len(batch.keys) else None
-
-    def sum(self, values: Sequence[float]) -> list[float]:
-        """Sum ``values`` over all ranks (float64)."""
-        if self.world == 1:
-            return list(values)
-        import torch.distributed as dist
-
-        tensor = torch.tensor(list(values), dtype=torch.float64)
-        dist.all_reduce(tensor)
-        return tensor.tolist()
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
-
-    def close(self) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------- learning curve

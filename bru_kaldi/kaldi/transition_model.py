@@ -31,7 +31,6 @@ read it back as the data pipeline does:
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 from dataclasses import dataclass
@@ -40,7 +39,8 @@ from typing import Sequence
 
 import numpy as np
 
-from kaldi_tables import KaldiIOError
+from bru_kaldi.atomic import write_atomically
+from bru_kaldi.kaldi.tables import KaldiIOError
 
 NO_PDF = -1  # Kaldi's kNoPdf: the pdf class of a non-emitting state
 
@@ -451,10 +451,7 @@ def write_transition_model(tm, path, binary: bool = True) -> None:
     if not isinstance(tm, TransitionModel):
         tm = TransitionModel.from_kaldi_text(str(tm), source=type(tm).__name__)
     data = tm.to_kaldi_binary() if binary else tm.to_kaldi_text().encode()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: tmp.write_bytes(data))
 
 
 def standard_topology_text(nonsilence_phones: Sequence[int], silence_phones: Sequence[int],

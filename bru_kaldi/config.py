@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-import models
-from feature_transforms import parse_fea_opts
+from bru_kaldi.atomic import write_text_atomically
+from bru_kaldi.feature_transforms import parse_fea_opts
 
 
 class ConfigError(ValueError):
@@ -75,29 +75,39 @@ class Exp:
 
 @dataclass
 class FeatureStream:
+    """One feature stream of a data set; several are concatenated per frame (e.g. fMLLR + MFCC + fbank)."""
+
     fea_name: str = ""
-    fea_lst: str = ""  # feats.scp, or a Kaldi rspecifier / pipeline ("ark:... |")
-    fea_opts: str = ""  # apply-cmvn / add-deltas options, see data_io
+    fea_lst: str = ""  # feats.scp, or any rspecifier / Kaldi pipeline ("ark:copy-feats scp:a.scp ark:- |")
+    fea_opts: str = ""  # CMVN and deltas, as Kaldi commands or key=value: see feature_transforms.parse_fea_opts
     cw_left: int = 0  # frames of left context spliced in
     cw_right: int = 0
 
 
 @dataclass
 class LabelStream:
+    """One label stream of a data set, from an alignment directory (``ali.*.gz`` and ``final.mdl``)."""
+
     lab_name: str = ""
     lab_folder: str = ""  # alignment dir holding ali.*.gz and final.mdl
+    # pdf-ids, or per-frame phones (an auxiliary monophone output)
     lab_opts: str = choice("ali-to-pdf", "ali-to-phones --per-frame=true", default="ali-to-pdf")
-    lab_count_file: str = "auto"  # "auto" (pdf counts from the training alignments), "none", or a file
-    lab_data_folder: str = ""  # Kaldi data dir (text, utt2spk, cmvn.scp)
-    lab_graph: str = ""  # graph dir holding HCLG.fst and words.txt
+    lab_count_file: str = "auto"  # "auto" (pdf counts from these alignments), "none", or an analyze-counts file
+    lab_data_folder: str = ""  # Kaldi data dir (text, utt2spk, cmvn.scp): decoding reads its references
+    lab_graph: str = ""  # graph dir holding HCLG.fst and words.txt: what decoding searches
 
 
 @dataclass
 class Dataset:
+    """A data set: its feature streams, its label streams (none for unlabelled test data), its chunks.
+
+    The same object describes a ``[datasetN]`` section and what ``data_io.Corpus`` reads.
+    """
+
     data_name: str = ""
     fea: list[FeatureStream] = field(default_factory=list)
     lab: list[LabelStream] = field(default_factory=list)
-    n_chunks: int = 1
+    n_chunks: int = 1  # the corpus is read one chunk at a time, re-drawn every epoch
 
 
 @dataclass
@@ -121,7 +131,7 @@ class Batches:
 @dataclass
 class Architecture:
     arch_name: str = ""
-    unit: str = choice(*models.UNITS, default="libru")
+    unit: str = "libru"  # a name of models.UNITS, checked where the model is built (bru_kaldi.network)
     sizes: list[int] = field(default_factory=list)  # one per layer
     dropout: list[float] = field(default_factory=list)  # one value, or one per layer
     norm: list[str] = field(default_factory=list)  # none, batch or layer
@@ -424,10 +434,6 @@ def validate(config: Config) -> None:
         for v in a.norm:
             if v not in ("batch", "layer", None):
                 raise ConfigError(f"{where} norm: expected none, batch or layer, got {v!r}")
-        try:  # the unit itself says which options it accepts and which values
-            models.build(a.unit, 1, 1, **unit_options(a))
-        except ValueError as error:
-            raise ConfigError(f"{where}: {error}") from None
     if not config.model.stack:
         raise ConfigError(f"{src} [model] stack: name the architectures to stack, input first (arch_name values)")
     for name in config.model.stack:
@@ -447,32 +453,6 @@ def validate(config: Config) -> None:
             continue
         if lab_names and value not in lab_names:
             raise _unknown(f"label stream for {option}", value, lab_names, f"{src} [model]")
-
-
-def unit_options(arch: Architecture) -> dict:
-    """The unit-specific keyword arguments for ``models.build`` that this architecture sets."""
-    accepted = models.cell_options(arch.unit)
-    options = {}
-    if "backward" in accepted:
-        options["backward"] = None if arch.backward == "none" else arch.backward
-    elif arch.backward != "none":
-        raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} has no backward recursion, got backward = {arch.backward}")
-    if "form" in accepted:
-        options["form"] = arch.form
-    if arch.activation != "default":
-        if "activation" not in accepted:
-            raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no activation option")
-        options["activation"] = arch.activation
-    for name in ("input_gate", "rho0", "tau11", "tau01"):
-        value = getattr(arch, name)
-        if value is None:
-            continue
-        if name not in accepted:
-            takes = sorted(u for u in models.UNITS if name in models.cell_options(u))
-            raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no {name} option "
-                              f"(units that do: {', '.join(takes)})")
-        options[name] = value
-    return options
 
 
 # --------------------------------------------------------------------------- writing
@@ -506,7 +486,4 @@ def write_resolved(config: Config, path) -> None:
         section(f"architecture{i}", a)
     for name in ("model", "forward", "decoding"):
         section(name, getattr(config, name))
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines))
-    os.replace(tmp, path)
+    write_text_atomically(path, "\n".join(lines))

@@ -1,0 +1,150 @@
+"""Decoding through a Kaldi installation: ``kaldi_decoding_scripts/decode_dnn.sh`` and ``score.sh``.
+
+Lattices come from ``latgen-faster-mapped``, split into jobs of similar length; ``score.sh`` scores
+them over Kaldi's LM weight x word insertion penalty grid on the tuning set, and the sets without
+references get the best path at the chosen setting.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from bru_kaldi import scoring
+from bru_kaldi.atomic import write_text_atomically
+from bru_kaldi.decoding.sets import (DecodeInputError, GraphMismatchError, KaldiDecodeError, KaldiNotFoundError, Pass,
+                                     Prepared, SetResult, choose, finish, pass_line)
+
+KALDI_BINARIES = ("latgen-faster-mapped", "lattice-scale", "lattice-add-penalty", "lattice-best-path", "compute-wer")
+KALDI_SCRIPTS = Path(__file__).resolve().parents[2] / "kaldi_decoding_scripts"
+KALDI_LMWTS = tuple(range(1, 11))  # score.sh's grid: LM weights 1..10 (acoustic scale 1 / LMWT) ...
+KALDI_WIPS = ("0.0", "0.5", "1.0")  # ... and word insertion penalties
+
+
+def choose_decoder(decoder: str) -> str:
+    """``"kaldi"`` or ``"python"`` for ``[decoding] decoder`` (auto: Kaldi when all its binaries are on PATH).
+
+    >>> choose_decoder("python")
+    'python'
+    """
+    if decoder not in ("auto", "kaldi", "python"):
+        raise DecodeInputError(f"[decoding] decoder must be auto, kaldi or python, got {decoder!r}")
+    if decoder == "python":
+        return "python"
+    missing = [b for b in KALDI_BINARIES if shutil.which(b) is None]
+    if decoder == "kaldi" and missing:
+        raise KaldiNotFoundError(f"[decoding] decoder = kaldi, but these Kaldi binaries are not on PATH: "
+                                 f"{' '.join(missing)} (source Kaldi's path.sh, or set decoder = python or auto)")
+    return "python" if missing else "kaldi"
+
+
+def _run_script(script: str, args: Sequence, log_path: Path, name: str) -> None:
+    """Run one of ``kaldi_decoding_scripts/``; its output goes to ``log_path``; failure names that log."""
+    command = ["bash", str(KALDI_SCRIPTS / script), *map(str, args)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    write_text_atomically(log_path, f"# {shlex.join(command)}\n{result.stdout}{result.stderr}")
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+        raise KaldiDecodeError(f"decoding set {name!r}: {script} failed with exit code {result.returncode}, "
+                               f"log in {log_path}:\n{tail}")
+
+
+def _kaldi_decode(p: Prepared, decoding, num_jobs: int) -> float:
+    """Lattices with decode_dnn.sh, the scp split into ``num_jobs`` parts of similar length; returns seconds."""
+    n = max(1, min(num_jobs, len(p.frames)))
+    parts: list[list[str]] = [[] for _ in range(n)]
+    load = [0] * n
+    for utt in sorted(p.frames, key=lambda u: (-p.frames[u], u)):  # longest first into the lightest part
+        i = load.index(min(load))
+        parts[i].append(utt)
+        load[i] += p.frames[utt]
+    scps = []
+    for i, part in enumerate(parts, 1):
+        scps.append(p.job.out_dir / f"split{n}" / f"loglikes.{i}.scp")
+        write_text_atomically(scps[-1], "".join(f"{u} {p.locations[u]}\n" for u in sorted(part)))
+    start = time.perf_counter()
+    _run_script("decode_dnn.sh", ["--min-active", decoding.min_active, "--max-active", decoding.max_active,
+                                  "--max-mem", decoding.max_mem, "--beam", decoding.beam, "--latbeam", decoding.latbeam,
+                                  "--acwt", decoding.acwt, "--max-jobs", n, p.job.graph_dir, p.job.model,
+                                  p.job.out_dir, *scps], p.job.out_dir / "log" / "decode_dnn.log", p.job.name)
+    return time.perf_counter() - start
+
+
+def _kaldi_score(p: Prepared, decoding, lmwts: Sequence[int], wips: Sequence[str]) -> list[Pass]:
+    """score.sh over the LMWT x WIP grid; each hypothesis file is scored again here (see decode_sets)."""
+    job = p.job
+    # score.sh takes a data dir: the references are copied into one of our own
+    write_text_atomically(job.out_dir / "ref" / "text", job.ref_text.read_text(encoding="utf-8"))
+    _run_script("score.sh", ["--scoring", decoding.scoring, "--min-lmwt", min(lmwts), "--max-lmwt", max(lmwts),
+                             "--wip", " ".join(wips), job.out_dir / "ref", job.graph_dir, job.out_dir],
+                job.out_dir / "log" / "score.log", job.name)
+    passes = []
+    for lmwt in lmwts:
+        for wip in wips:
+            hyps = scoring.read_text(job.out_dir / "scoring" / f"{lmwt}_{wip}.txt")
+            failed = {u: "no lattice, see log/decode.*.log" for u in sorted(p.frames) if u not in hyps}
+            # ties: the larger LM weight (the smaller acoustic scale, as in Python), then the smaller penalty
+            score = scoring.score(p.refs, hyps, decoding.scoring)
+            passes.append(Pass(f"lmwt={lmwt} wip={wip}", hyps, failed, [], score, value=(lmwt, wip),
+                                order=(-lmwt, float(wip))))
+    return passes
+
+
+def _kaldi_best_path(p: Prepared, lmwt: int, wip: str) -> Pass:
+    """Hypotheses of a set without references: the best path of each lattice at ``lmwt``, ``wip``."""
+    lattices = " ".join(shlex.quote(str(f)) for f in sorted(p.job.out_dir.glob("lat.*.gz")))
+    words = shlex.quote(str(p.job.graph_dir / "words.txt"))
+    rspecifier = shlex.quote(f"ark:gunzip -c {lattices} |")
+    command = (f"set -o pipefail; lattice-scale --inv-acoustic-scale={lmwt} {rspecifier} ark:- | "
+               f"lattice-add-penalty --word-ins-penalty={wip} ark:- ark:- | "
+               f"lattice-best-path --word-symbol-table={words} ark:- ark,t:-")
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+    log_path = p.job.out_dir / "log" / "best_path.log"
+    write_text_atomically(log_path, f"# {command}\n{result.stderr}")
+    if result.returncode != 0:
+        raise KaldiDecodeError(f"decoding set {p.job.name!r}: the best-path pipeline failed, log in {log_path}")
+    hyps = {}
+    for line in result.stdout.splitlines():
+        utt, *ids = line.split()
+        unknown = [i for i in ids if int(i) not in p.words]
+        if unknown:
+            raise GraphMismatchError(f"{p.job.graph_dir / 'words.txt'} has no word {unknown[0]} (utterance {utt})")
+        hyps[utt] = [p.words[int(i)] for i in ids]
+    failed = {u: "no lattice, see log/decode.*.log" for u in sorted(p.frames) if u not in hyps}
+    return Pass(f"lmwt={lmwt} wip={wip}", hyps, failed, [], None)
+
+
+def decode_kaldi(prepared: Sequence[Prepared], decoding, tune_on: Optional[str],
+                  log: Callable[[str], None]) -> dict[str, SetResult]:
+    num_jobs = decoding.num_jobs or os.cpu_count() or 1
+    # untuned: the LM weight that undoes the acoustic scale the lattices were made with
+    lmwt, wip = max(1, round(1 / decoding.acwt)), KALDI_WIPS[0]
+    note = "LM weight round(1 / [decoding] acwt), not tuned"
+    log(f"decoding with Kaldi (kaldi_decoding_scripts/decode_dnn.sh, score.sh), {num_jobs} job(s), "
+        f"acwt {decoding.acwt:g}" + (f"; LM weight and insertion penalty tuned on {tune_on}" if tune_on
+                                     else f"; lmwt={lmwt} wip={wip}, not tuned"))
+    results = {}
+    for p in sorted(prepared, key=lambda p: p.job.name != tune_on):
+        lines: list[str] = []
+        seconds = _kaldi_decode(p, decoding, num_jobs)
+        if p.job.name == tune_on:  # lattices are rescored for each setting, not decoded again
+            passes = _kaldi_score(p, decoding, KALDI_LMWTS, KALDI_WIPS)
+            for r in passes:
+                lines.append(pass_line(p.job.name, r))
+                log(lines[-1])
+            chosen = choose(passes)
+            lmwt, wip = chosen.value
+            note = f"tuned on {tune_on}: fewest errors, ties to the larger LM weight, then the smaller penalty"
+        elif p.refs is not None:
+            passes = _kaldi_score(p, decoding, [lmwt], [wip])
+            chosen = passes[0]
+        else:
+            passes = [_kaldi_best_path(p, lmwt, wip)]
+            chosen = passes[0]
+        results[p.job.name] = finish(p, chosen, passes, seconds, 1, "kaldi", note, lines, log)
+    return results

@@ -1,0 +1,120 @@
+"""One utterance decoded without Kaldi: per-pdf log-likelihoods to the best path through HCLG.fst.
+
+The search is what ``latgen-faster-mapped`` does for a hybrid system, with kaldi-hmm-gmm's
+``FasterDecoder`` (Kaldi's faster-decoder.cc, a beam-pruned Viterbi search): the acoustic model gives
+one score per frame and *pdf*; the graph's input labels are *transition-ids*; the transition model
+maps each transition-id to its pdf (``tid2pdf``, index 0 unused, from ``read_transition_model``).
+
+kaldi-hmm-gmm's ``DecodableCtc`` serves ``loglike(frame, i) = M[frame, i - 1]`` for index ``i``
+(it was written for CTC, whose index 0 is the blank). With transition-ids as indices that is
+exactly the layout we need: column ``tid - 1`` of ``M`` holds ``acoustic_scale * loglikes[:, tid2pdf[tid]]``.
+
+Import order: kaldi_hmm_gmm before kaldifst. Some import orders of the kaldi-* packages hang for ever
+(``import kaldilm, kaldifst`` does); kaldi_hmm_gmm first and kaldilm last is safe.
+
+>>> import numpy as np
+>>> graph = linear_loop_graph(num_transition_ids=2)   # any word, any number of times
+>>> tid2pdf = np.array([0, 0, 1])                       # tid 1 -> pdf 0, tid 2 -> pdf 1
+>>> loglikes = np.log(np.array([[.9, .1]] * 3 + [[.2, .8]] * 2, dtype=np.float32))  # (T=5, num_pdfs=2)
+>>> result = decode(loglikes, graph, tid2pdf, DecoderOptions(acoustic_scale=1.0))
+>>> result.words, result.alignment, result.reached_final
+([1, 1, 1, 2, 2], [1, 1, 1, 2, 2], True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import kaldi_hmm_gmm as khg  # before kaldifst: see the module docstring
+import kaldifst
+import numpy as np
+
+
+class NoPathError(RuntimeError):
+    """No path survived the beam search (:func:`decode`); a set-level decode counts it as failed."""
+
+
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """Search settings, with the defaults of Kaldi's ``latgen-faster-mapped`` for hybrid models."""
+
+    beam: float = 13.0  # prune paths scoring more than this below the best one
+    max_active: int = 7000  # at most this many active states per frame
+    min_active: int = 200
+    acoustic_scale: float = 0.1  # scale on the log-likelihoods against the graph's LM/transition costs
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """The best path: ``words`` (output labels: word-ids, phone-ids for a phone recogniser),
+    ``alignment`` (one transition-id per frame), ``cost`` (graph + scaled acoustic cost, lower is
+    better) and whether it ended in a final state of the graph (else it is the best partial path)."""
+
+    words: list[int]
+    alignment: list[int]
+    cost: float
+    reached_final: bool
+
+
+def load_graph(path: str | Path) -> kaldifst.StdVectorFst:
+    """Read a decoding graph (HCLG.fst) written by Kaldi, kaldifst or kaldi-hmm-gmm."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no such decoding graph {path}")
+    return kaldifst.StdVectorFst.read(str(path))
+
+
+def transition_loglikes(loglikes: np.ndarray, tid2pdf: np.ndarray, acoustic_scale: float) -> np.ndarray:
+    """Per-pdf log-likelihoods (T, num_pdfs) -> scaled per-transition-id scores (T, num_tids) float32.
+
+    Column ``tid - 1`` holds the score of transition-id ``tid`` (see the module docstring).
+    """
+    loglikes = np.asarray(loglikes)
+    tid2pdf = np.asarray(tid2pdf)
+    if loglikes.ndim != 2:
+        raise ValueError(f"log-likelihoods must be (frames, pdfs), got shape {loglikes.shape}")
+    if tid2pdf.ndim != 1 or len(tid2pdf) < 2:
+        raise ValueError(f"tid2pdf must be (num_transition_ids + 1,) with index 0 unused, got shape {tid2pdf.shape}")
+    if tid2pdf[1:].max() >= loglikes.shape[1]:
+        raise ValueError(f"the transition model has {tid2pdf[1:].max() + 1} pdfs, the log-likelihoods {loglikes.shape[1]}")
+    return np.ascontiguousarray(acoustic_scale * loglikes[:, tid2pdf[1:]], dtype=np.float32)
+
+
+def decode(loglikes: np.ndarray, graph: kaldifst.StdVectorFst, tid2pdf: np.ndarray,
+           options: DecoderOptions = DecoderOptions()) -> DecodeResult:
+    """Best path through ``graph`` for one utterance's log-likelihoods (T, num_pdfs).
+
+    Raises ``ValueError`` on mismatched shapes and ``RuntimeError`` when no path survives the
+    beam (widen ``beam`` or ``max_active``).
+    """
+    scores = transition_loglikes(loglikes, tid2pdf, options.acoustic_scale)
+    if len(scores) == 0:
+        raise ValueError("cannot decode an utterance with no frames")
+    decoder = khg.FasterDecoder(graph, khg.FasterDecoderOptions(beam=options.beam, max_active=options.max_active,
+                                                                min_active=options.min_active))
+    decoder.decode(khg.DecodableCtc(scores))
+    reached_final = decoder.reached_final()
+    ok, path = decoder.get_best_path(use_final_probs=reached_final)
+    if not ok:
+        raise NoPathError(f"no path survived the search over {len(scores)} frames (beam {options.beam})")
+    ok, alignment, words, weight = kaldifst.get_linear_symbol_sequence(path)
+    if not ok:
+        raise RuntimeError("the decoder's best path is not linear")
+    return DecodeResult(words=list(words), alignment=list(alignment), cost=weight.value1 + weight.value2,
+                        reached_final=reached_final)
+
+
+def linear_loop_graph(num_transition_ids: int) -> kaldifst.StdVectorFst:
+    """A one-state graph accepting any sequence of transition-ids, each emitting word = its id.
+
+    Not a real HCLG: a stand-in for examples and tests of the decoder itself.
+    """
+    fst = kaldifst.StdVectorFst()
+    state = fst.add_state()
+    fst.start = state
+    fst.set_final(state=state, weight=0.0)
+    for tid in range(1, num_transition_ids + 1):
+        fst.add_arc(state=state, arc=kaldifst.StdArc(tid, tid, 0.0, state))
+    return fst

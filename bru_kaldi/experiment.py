@@ -1,0 +1,99 @@
+"""The experiment folder (``[exp] out_folder``): where each output lives, which stages are finished,
+``res.res``, and the rule that a folder is only resumed with the config that made it.
+
+::
+
+  config.resolved.cfg   every option, defaults included      log.txt   the log
+  res.res               one line per epoch, then one per decoded set   learning_curve.png
+  checkpoint.pt         the latest complete chunk (model, optimisers, progress)
+  final.pt              the trained weights    feature_norm.npz, pdf_counts, final.mdl: what forward needs
+  forward_<set>/        loglikes.ark, loglikes.scp     decode_<set>/   hypotheses, per-utterance counts
+  .done/<stage>         a stage's marker, written after all its outputs
+
+>>> import tempfile
+>>> exp = Experiment(tempfile.mkdtemp())
+>>> exp.mark("train"); exp.done("train"), exp.done("decode")
+(True, False)
+"""
+
+from __future__ import annotations
+
+import configparser
+from pathlib import Path
+from typing import Optional
+
+from bru_kaldi.atomic import write_text_atomically
+from bru_kaldi.config import ConfigError
+
+
+class Experiment:
+    """Paths in the experiment folder and the markers of finished stages (``.done/<stage>``)."""
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.checkpoint = self.folder / "checkpoint.pt"
+        self.final = self.folder / "final.pt"
+        self.res = self.folder / "res.res"
+        self.resolved = self.folder / "config.resolved.cfg"
+        self.norm = self.folder / "feature_norm.npz"
+        self.counts = self.folder / "pdf_counts"
+        self.model = self.folder / "final.mdl"
+
+    def done(self, stage: str) -> bool:
+        return (self.folder / ".done" / stage).is_file()
+
+    def mark(self, stage: str) -> None:
+        (self.folder / ".done").mkdir(parents=True, exist_ok=True)
+        (self.folder / ".done" / stage).touch()
+
+    def unmark(self, stages) -> None:
+        for stage in stages:
+            (self.folder / ".done" / stage).unlink(missing_ok=True)
+
+    def write_res(self, history: list[dict], decode_lines: Optional[list[str]] = None) -> None:
+        """``res.res``: the epoch lines, then the decoding lines (kept in ``decode.res`` between runs)."""
+        decode_file = self.folder / "decode.res"
+        if decode_lines is not None:
+            write_text_atomically(decode_file, "".join(f"{line}\n" for line in decode_lines))
+        lines = [epoch_line(h) for h in history]
+        if decode_file.is_file():
+            lines += decode_file.read_text().splitlines()
+        write_text_atomically(self.res, "".join(f"{line}\n" for line in lines))
+
+
+def epoch_line(h: dict) -> str:
+    """One ``res.res`` line per epoch: train/dev loss and frame error, learning rates, seconds."""
+    lrs = " ".join(f"lr_{name}={lr:.3g}" for name, lr in h["lr"].items())
+    return (f"epoch={h['epoch']:03d} train_loss={h['train_loss']:.4f} train_err={h['train_err']:.4f} "
+            f"dev_loss={h['dev_loss']:.4f} dev_err={h['dev_err']:.4f} {lrs} time={h['seconds']:.1f}s")
+
+
+# Sections and options that may change between runs on one folder: they do not change what was
+# trained (re-decode with --stage decode). None: the whole section.
+RESUMABLE_CHANGES = {"decoding": None, "forward": None, "data_use": {"forward_with"}, "exp": {"device"}}
+
+
+def check_same_experiment(exp: Experiment, resolved_text: str, source: str) -> None:
+    """A folder with training progress may only be resumed with the config that made it.
+
+    Changes to ``[decoding]``, ``[forward]``, ``[data_use] forward_with`` and ``[exp] device`` are
+    allowed (:data:`RESUMABLE_CHANGES`); anything else is a :class:`ConfigError` naming the first five
+    differences.
+    """
+    if not exp.resolved.is_file() or not (exp.checkpoint.is_file() or exp.final.is_file()):
+        return
+    allowed = RESUMABLE_CHANGES
+
+    def relevant(text):
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.optionxform = str
+        parser.read_string(text)
+        return {(section, option): value for section in parser.sections() for option, value in parser.items(section)
+                if section not in allowed or (allowed[section] is not None and option not in allowed[section])}
+
+    before, now = relevant(exp.resolved.read_text()), relevant(resolved_text)
+    changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+    if changed:
+        details = "; ".join(f"[{s}] {o}: {before.get((s, o))!r} -> {now.get((s, o))!r}" for s, o in changed[:5])
+        raise ConfigError(f"{source}: {exp.folder} holds an experiment trained with a different config ({details}); "
+                          "use --force to start it again, or another [exp] out_folder")

@@ -1,0 +1,117 @@
+"""The acoustic model a config describes: ``[architectureN]`` stacks of ``models`` units, in the
+order of ``[model] stack``, under a senone (and optional monophone) output, with one parameter group
+per architecture for its own optimiser.
+
+This is where unit names and unit options are checked (:func:`check_architectures`): reading a config
+needs neither torch nor ``models``, so ``run_exp.py`` calls the check right after parsing, before any
+data is read.
+
+>>> from bru_kaldi.config import parse_config_text
+>>> cfg = parse_config_text('''
+... [exp]
+... out_folder = exp/demo
+... [dataset1]
+... data_name = train
+... fea = fea_name=fbank
+...     fea_lst=data/train/feats.scp
+... [data_use]
+... train_with = train
+... valid_with = train
+... [architecture1]
+... arch_name = rnn
+... unit = ubru
+... sizes = 8
+... backward = kalman
+... [model]
+... stack = rnn
+... ''')
+>>> model, groups = build_model(cfg, input_dim=13, num_pdfs=20, num_mono=None)
+>>> model.stacks[0].layers[0].cells[0].backward, len(groups)
+('kalman', 1)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import models
+from bru_kaldi.config import Architecture, Config, ConfigError
+from models.acoustic import AcousticModel
+
+
+def unit_options(arch: Architecture) -> dict:
+    """The unit-specific keyword arguments for ``models.build`` that this architecture sets.
+
+    Options left at ``none`` keep the unit's own default; an option the unit does not take is an
+    error naming the units that do.
+    """
+    accepted = models.cell_options(arch.unit)
+    options = {}
+    if "backward" in accepted:
+        options["backward"] = None if arch.backward == "none" else arch.backward
+    elif arch.backward != "none":
+        raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} has no backward recursion, "
+                          f"got backward = {arch.backward}")
+    if "form" in accepted:
+        options["form"] = arch.form
+    if arch.activation != "default":
+        if "activation" not in accepted:
+            raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no activation option")
+        options["activation"] = arch.activation
+    for name in ("input_gate", "rho0", "tau11", "tau01"):
+        value = getattr(arch, name)
+        if value is None:
+            continue
+        if name not in accepted:
+            takes = sorted(u for u in models.UNITS if name in models.cell_options(u))
+            raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no {name} option "
+                              f"(units that do: {', '.join(takes)})")
+        options[name] = value
+    return options
+
+
+def check_architectures(config: Config) -> None:
+    """Every ``[architectureN]``'s unit exists and accepts its options (a one-unit layer is built and
+    thrown away, so the unit itself says what it accepts); ``[model] stack`` names none twice."""
+    for arch in config.architectures:
+        where = f"{config.source} [architecture arch_name={arch.arch_name}]"
+        try:
+            models.build(arch.unit, 1, 1, **unit_options(arch))
+        except ValueError as error:  # ConfigError from unit_options too
+            raise ConfigError(f"{where}: {error}") from None
+    if len(set(config.model.stack)) != len(config.model.stack):
+        raise ConfigError(f"{config.source} [model] stack: an architecture appears twice: {config.model.stack}")
+
+
+def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optional[int]):
+    """The acoustic model of ``[model] stack`` and the parameter groups of each architecture.
+
+    Returns ``(model, groups)``: ``groups[i]`` holds the parameters of the i-th architecture of the
+    stack; the output layers train with the last architecture's optimiser.
+    """
+    check_architectures(config)
+    stacks, size = [], input_dim
+    for name in config.model.stack:
+        arch = config.architecture(name)
+        stack = models.build_stack(arch.unit, size, arch.sizes, dropout=arch.dropout, norm=arch.norm,
+                                   bidirectional=arch.bidirectional, options=unit_options(arch))
+        stacks.append(stack)
+        size = stack.output_size
+    model = AcousticModel(stacks, num_pdfs, num_mono)
+    groups = [list(stack.parameters()) for stack in model.stacks]
+    groups[-1] += [p for name, p in model.named_parameters() if not name.startswith("stacks.")]
+    return model, groups
+
+
+def has_unused_parameters(model: AcousticModel, device: torch.device) -> bool:
+    """Whether some parameter gets no gradient (a unit option that leaves it out): DDP must then look
+    for them at every step, which costs a traversal of the graph, so it is only asked to when needed."""
+    model.eval()  # no dropout draws, no batch-norm statistics updated
+    out = model(torch.zeros(1, 2, model.input_size, device=device), torch.tensor([2], device=device))
+    sum(o.sum() for o in out.values()).backward()
+    unused = any(p.grad is None for p in model.parameters() if p.requires_grad)
+    model.zero_grad(set_to_none=True)
+    model.train()
+    return unused

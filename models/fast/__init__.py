@@ -1,0 +1,21 @@
+"""Fast paths of the recurrent units: the same functions as their reference loops, with hand-written
+backward passes that save only what backward needs.
+
+==================  =========================================================================
+``paths``           per unit, the vectorised glue a cell's ``fast_forward`` calls (:func:`gated`,
+                    :func:`lbru`, :func:`ubru`); ``FAST`` says which units and options are covered
+``gated``           time loops of the cells with a recurrent matrix (BRU, Li-BRU, Li-GRU, LBRU)
+``scans``           elementwise recursions (UBRU alpha, Kalman and HMM backward passes, smoothing)
+``native``          builds and loads the C++ kernels of ``csrc/recurrences.cpp`` (the CPU backend)
+``csrc/``           the C++ kernels: one fused pass a time step, threads splitting the units
+==================  =========================================================================
+
+Two backends run the loops: the C++ kernels on the CPU, and TorchScript loops of a few ``out=``
+kernels a step on CUDA and wherever the extension cannot be built. Both are tested against the
+reference loop of every unit (``tests/test_fast_recurrences.py``). A unit without a fast path needs
+nothing here: its cell's ``fast_forward`` returns ``None`` and the reference loop runs.
+"""
+
+from models.fast.paths import FAST, gated, lbru, ubru
+
+__all__ = ["FAST", "gated", "lbru", "ubru"]
