@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from bru_kaldi.batching import IGNORE, Batch, Prefetcher, Utterance, collate, make_batches
-from bru_kaldi.config import Config, ConfigError, Dataset, FeatureStream, LabelStream
+from bru_kaldi.config import LONG_UTTERANCES, Config, ConfigError, Dataset, FeatureStream, LabelStream
 from bru_kaldi.feature_streams import FeatureSource
 from bru_kaldi.feature_transforms import GlobalNorm
 from bru_kaldi.kaldi.alignments import AlignmentStore, alignment_files, hmm_info, label_kind, read_alignments
@@ -79,8 +79,8 @@ class LoaderOptions:
     prefetch: bool = True  # prepare the next chunk in a background thread
 
     def __post_init__(self):
-        if self.long_utterances not in ("split", "drop"):
-            raise ValueError(f"long_utterances must be 'split' or 'drop', got {self.long_utterances!r}")
+        if self.long_utterances not in LONG_UTTERANCES:
+            raise ValueError(f"long_utterances must be one of {LONG_UTTERANCES}, got {self.long_utterances!r}")
         if self.batch_size < 1 or self.max_seq_length < 0 or self.length_tolerance < 0:
             raise ValueError(f"batch_size >= 1, max_seq_length >= 0 and length_tolerance >= 0 expected, got {self}")
 

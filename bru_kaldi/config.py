@@ -10,6 +10,12 @@ Sections: ``[exp]``, ``[datasetN]`` (feature streams ``fea=`` and label streams 
 blocks, as in pytorch-kaldi), ``[data_use]``, ``[batches]``, ``[architectureN]``, ``[model]``,
 ``[forward]``, ``[decoding]``.
 
+Reading a config imports neither torch nor ``models``: what a unit accepts is checked by the units
+themselves when the model is built (``bru_kaldi.network.check_architectures``, which ``run_exp.py``
+calls right after parsing). The schema, its parser, its cross-section checks and its writer stay in
+this one module (past 450 lines for that reason): each default and each check is declared once, next
+to the field it concerns, and the writer is the parser's inverse.
+
 >>> cfg = parse_config_text('''
 ... [exp]
 ... out_folder = exp/demo
@@ -33,7 +39,7 @@ blocks, as in pytorch-kaldi), ``[data_use]``, ``[batches]``, ``[architectureN]``
 ... senone_lab = lab_cd
 ... ''')
 >>> cfg.architectures[0].sizes, cfg.architectures[0].bidirectional, cfg.datasets[0].fea[0].cw_left
-([8, 8], [False, False], 0)
+([8, 8], [False], 0)
 """
 
 from __future__ import annotations
@@ -49,11 +55,20 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from bru_kaldi.atomic import write_text_atomically
+from bru_kaldi.builtin_corpus import SIZES as BUILTIN_SIZES
 from bru_kaldi.feature_transforms import parse_fea_opts
+from bru_kaldi.scoring import SCORINGS
 
 
 class ConfigError(ValueError):
     """A config that cannot be used: the message names the file, section and option."""
+
+
+# The values some options take, each list in one place: the code that implements them imports it.
+DEVICES = ("auto", "cpu", "cuda")  # auto: CUDA when available
+LONG_UTTERANCES = ("split", "drop")  # utterances over max_seq_length: split into near-equal pieces, or dropped
+OPTIMIZERS = ("sgd", "adam", "rmsprop", "adadelta")  # bru_kaldi.training.make_optimizer
+DECODERS = ("auto", "kaldi", "python")  # auto: Kaldi when its binaries are on PATH (bru_kaldi.decoding)
 
 
 def choice(*values, default=None, help=""):
@@ -67,9 +82,9 @@ class Exp:
     out_folder: str = ""  # experiment folder: checkpoints, res.res, posteriors, decodes
     seed: int = 1234
     n_epochs_tr: int = 24
-    device: str = choice("auto", "cpu", "cuda", default="auto")  # auto: CUDA when available
+    device: str = choice(*DEVICES, default="auto")  # auto: CUDA when available
     mixed_precision: bool = False  # bf16/fp16 autocast, CUDA only
-    builtin_corpus: str = choice("none", "tiny", "default", default="none")  # build the built-in corpus if missing
+    builtin_corpus: str = choice("none", *BUILTIN_SIZES, default="none")  # build the built-in corpus if missing
     builtin_corpus_dir: str = "recipes/mini_timit"
 
 
@@ -123,7 +138,7 @@ class Batches:
     max_seq_length_train: int = 1000
     batch_size_valid: int = 8
     max_seq_length_valid: int = 0  # 0: no limit
-    long_utterances: str = choice("split", "drop", default="split")
+    long_utterances: str = choice(*LONG_UTTERANCES, default="split")
     max_missing_fraction: float = 0.05  # utterances missing from a stream or the labels: skipped up to this
     length_tolerance: int = 0  # frames by which features and alignments may differ (trimmed to the shortest)
 
@@ -133,11 +148,12 @@ class Architecture:
     arch_name: str = ""
     unit: str = "libru"  # a name of models.UNITS, checked where the model is built (bru_kaldi.network)
     sizes: list[int] = field(default_factory=list)  # one per layer
-    dropout: list[float] = field(default_factory=list)  # one value, or one per layer
-    norm: list[str] = field(default_factory=list)  # none, batch or layer
-    bidirectional: list[bool] = field(default_factory=list)
+    # one value for every layer, or one per layer (models.per_layer expands them when the model is built)
+    dropout: list[float] = field(default_factory=lambda: [0.0])
+    norm: list[str] = field(default_factory=lambda: ["none"])  # none, batch or layer
+    bidirectional: list[bool] = field(default_factory=lambda: [False])
     backward: str = "none"  # ubru: none/kalman/hmm; ubru_tpami: none/unit; lbru: none/layer
-    form: str = choice("log", "prob", default="log")  # bru, libru
+    form: str = "log"  # bru, libru: log or prob
     activation: str = "default"  # rnn, mlp
     # unit-specific, "none" (the default) leaves the unit's own default
     input_gate: Optional[bool] = None  # lbru, ubru_tpami: the TPAMI input gate (eq. 65-75), on by default
@@ -147,7 +163,7 @@ class Architecture:
     arch_lr: float = 0.0008
     arch_halving_factor: float = 0.5
     arch_improvement_threshold: float = 0.001
-    arch_opt: str = choice("sgd", "adam", "rmsprop", "adadelta", default="rmsprop")
+    arch_opt: str = choice(*OPTIMIZERS, default="rmsprop")
     opt_momentum: float = 0.0
     opt_weight_decay: float = 0.0
     opt_alpha: float = 0.95  # rmsprop
@@ -177,8 +193,8 @@ class Forward:
 
 @dataclass
 class Decoding:
-    decoder: str = choice("auto", "kaldi", "python", default="auto")  # auto: Kaldi when its binaries are found
-    scoring: str = choice("timit", "wsj", "ami", "plain", default="timit")
+    decoder: str = choice(*DECODERS, default="auto")  # auto: Kaldi when its binaries are found
+    scoring: str = choice(*SCORINGS, default="timit")
     min_active: int = 200
     max_active: int = 7000
     max_mem: int = 50000000
@@ -385,18 +401,13 @@ def parse_config(path, overrides: Sequence[str] = ()) -> Config:
 
 
 # --------------------------------------------------------------------------- cross-section checks
-def _per_layer(values: list, count: int, default, where: str) -> list:
-    if not values:
-        return [default] * count
-    if len(values) == 1:
-        return values * count
-    if len(values) != count:
-        raise ConfigError(f"{where}: expected 1 or {count} values (one per layer), got {len(values)}")
-    return values
-
-
 def validate(config: Config) -> None:
-    """Checks that span options and sections; fills per-layer lists to one value per layer."""
+    """Checks that span options and sections.
+
+    What a unit accepts (its name, its options, per-layer lists of the right length, norm names) is
+    checked by the models themselves, where the model is built (``bru_kaldi.network``), so that
+    reading a config needs neither torch nor ``models``.
+    """
     src = config.source
     if not config.exp.out_folder:
         raise ConfigError(f"{src} [exp] out_folder: required (the experiment folder)")
@@ -427,13 +438,6 @@ def validate(config: Config) -> None:
         where = f"{src} [architecture arch_name={a.arch_name}]"
         if not a.sizes or min(a.sizes) < 1:
             raise ConfigError(f"{where} sizes: expected positive layer sizes, got {a.sizes}")
-        n = len(a.sizes)
-        a.dropout = _per_layer(a.dropout, n, 0.0, f"{where} dropout")
-        a.norm = [None if v.lower() == "none" else v for v in _per_layer(a.norm, n, "none", f"{where} norm")]
-        a.bidirectional = _per_layer(a.bidirectional, n, False, f"{where} bidirectional")
-        for v in a.norm:
-            if v not in ("batch", "layer", None):
-                raise ConfigError(f"{where} norm: expected none, batch or layer, got {v!r}")
     if not config.model.stack:
         raise ConfigError(f"{src} [model] stack: name the architectures to stack, input first (arch_name values)")
     for name in config.model.stack:

@@ -73,12 +73,22 @@ def unit_options(arch: Architecture) -> dict:
 
 
 def check_architectures(config: Config) -> None:
-    """Every ``[architectureN]``'s unit exists and accepts its options (a one-unit layer is built and
-    thrown away, so the unit itself says what it accepts); ``[model] stack`` names none twice."""
+    """Check every ``[architectureN]`` with the models themselves, and give its per-layer options one value
+    per layer (``models.per_layer``).
+
+    The unit must exist and accept its options, dropout, norm and direction: a stack of one-unit layers
+    is built and thrown away, so the units say what they accept. ``[model] stack`` may name an
+    architecture once. Errors are :class:`ConfigError` naming the architecture.
+    """
     for arch in config.architectures:
         where = f"{config.source} [architecture arch_name={arch.arch_name}]"
+        n = len(arch.sizes)
         try:
-            models.build(arch.unit, 1, 1, **unit_options(arch))
+            arch.dropout = models.per_layer("dropout", arch.dropout, n)
+            arch.norm = [None if v is None or str(v).lower() == "none" else v for v in models.per_layer("norm", arch.norm, n)]
+            arch.bidirectional = models.per_layer("bidirectional", arch.bidirectional, n)
+            models.build_stack(arch.unit, 1, [1] * n, dropout=arch.dropout, norm=arch.norm,
+                               bidirectional=arch.bidirectional, options=unit_options(arch))
         except ValueError as error:  # ConfigError from unit_options too
             raise ConfigError(f"{where}: {error}") from None
     if len(set(config.model.stack)) != len(config.model.stack):

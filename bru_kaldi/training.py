@@ -18,7 +18,7 @@ from torch.nn import functional as F
 
 from bru_kaldi.atomic import write_atomically
 from bru_kaldi.batching import IGNORE
-from bru_kaldi.config import Model
+from bru_kaldi.config import OPTIMIZERS, Model
 
 
 # --------------------------------------------------------------------------- loss and error
@@ -85,7 +85,7 @@ def make_optimizer(name: str, params, lr: float, arch) -> torch.optim.Optimizer:
                                    centered=arch.opt_centered, weight_decay=arch.opt_weight_decay)
     if name == "adadelta":
         return torch.optim.Adadelta(params, lr=lr, rho=arch.opt_rho, eps=arch.opt_eps, weight_decay=arch.opt_weight_decay)
-    raise ValueError(f"optimizer must be one of sgd, adam, rmsprop, adadelta, got {name!r}")
+    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 
 def learning_rate(initial: float, halving_factor: float, threshold: float, dev_errors: Sequence[float]) -> float:

@@ -196,10 +196,19 @@ def build(
     return layer_class(cell_factory, input_size, hidden_size, bidirectional, dropout, norm)
 
 
-def _per_layer(name: str, value, count: int) -> list:
-    values = list(value) if isinstance(value, (list, tuple)) else [value] * count
+def per_layer(name: str, value, count: int) -> list:
+    """``value`` for each of ``count`` layers: one value (or a one-item list) for all of them, or a list
+    with one per layer. The one place where per-layer options are expanded, for ``build_stack`` and
+    for the configs (``bru_kaldi.network``).
+
+    >>> per_layer("dropout", 0.2, 3), per_layer("dropout", [0.2], 2), per_layer("norm", [None, "batch"], 2)
+    ([0.2, 0.2, 0.2], [0.2, 0.2], [None, 'batch'])
+    """
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(values) == 1:
+        values = values * count
     if len(values) != count:
-        raise ValueError(f"expected {count} values of {name} (one per layer), got {len(values)}: {values}")
+        raise ValueError(f"{name}: expected 1 or {count} values (one per layer), got {len(values)}: {values}")
     return values
 
 
@@ -226,11 +235,11 @@ def build_stack(
     count = len(sizes)
     if count == 0:
         raise ValueError("sizes must name at least one layer")
-    units = _per_layer("units", units, count)
-    dropouts = _per_layer("dropout", dropout, count)
-    norms = _per_layer("norm", norm, count)
-    directions = _per_layer("bidirectional", bidirectional, count)
-    extras = _per_layer("options", options or {}, count)
+    units = per_layer("units", units, count)
+    dropouts = per_layer("dropout", dropout, count)
+    norms = per_layer("norm", norm, count)
+    directions = per_layer("bidirectional", bidirectional, count)
+    extras = per_layer("options", options or {}, count)
     layers = []
     for unit, size, drop, nrm, bidir, extra in zip(units, sizes, dropouts, norms, directions, extras):
         layer = build(unit, input_size, size, bidirectional=bidir, dropout=drop, norm=nrm, **extra)
@@ -239,5 +248,5 @@ def build_stack(
     return RecurrentStack(layers)
 
 
-__all__ = ["UNITS", "BAYESIAN_UNITS", "build", "build_stack", "cell_options", "variants", "RecurrentLayer",
+__all__ = ["UNITS", "BAYESIAN_UNITS", "build", "build_stack", "cell_options", "per_layer", "variants", "RecurrentLayer",
            "RecurrentStack", "UBRULayer"]

@@ -70,8 +70,18 @@ def exp_root(monkeypatch, tmp_path):
     return tmp_path
 
 
+def checked(cfg):
+    """As run_exp.py does after parsing: the models check the architectures and expand per-layer lists."""
+    from bru_kaldi.network import check_architectures
+
+    check_architectures(cfg)
+    return cfg
+
+
 def test_values_are_typed_and_lists_filled_per_layer(exp_root):
     cfg = parse_config_text(BASE)
+    assert cfg.architectures[0].dropout == [0.2]  # as written, until the models check it
+    checked(cfg)
     assert cfg.exp.out_folder == f"{exp_root}/demo"
     assert cfg.exp.seed == 7
     rec, top = cfg.architectures
@@ -113,6 +123,10 @@ def test_unit_options_reach_the_units():
          r"unit ubru takes no input_gate option \(units that do: lbru, ubru_tpami\)"),
         (("unit = ligru", "unit = ligru\nrho0 = 0.3"), r"unit ligru takes no rho0 option \(units that do: ubru\)"),
         (("stack = rec,top", "stack = rec,top,rec"), r"\[model\] stack: an architecture appears twice"),
+        (("bidirectional = True,False", "bidirectional = True,False,True"),
+         r"arch_name=rec\]: bidirectional: expected 1 or 2 values \(one per layer\), got 3"),
+        (("norm = batch", "norm = group"), r"arch_name=rec\]: norm must be one of"),
+        (("dropout = 0.2", "dropout = 1.5"), r"arch_name=rec\]: dropout must be in \[0, 1\)"),
     ],
 )
 def test_units_and_their_options_are_checked_before_anything_runs(edit, message):
@@ -142,7 +156,7 @@ def test_reading_a_config_needs_neither_torch_nor_the_models():
 
 def test_overrides_replace_values():
     overrides = parse_overrides(["--exp,seed=99", "--architecture1,sizes=4,4,4", "--architecture1,bidirectional=True"])
-    cfg = parse_config_text(BASE, overrides)
+    cfg = checked(parse_config_text(BASE, overrides))
     assert cfg.exp.seed == 99 and cfg.architectures[0].sizes == [4, 4, 4]
     assert cfg.architectures[0].bidirectional == [True, True, True]
 
@@ -154,7 +168,6 @@ def test_overrides_replace_values():
         (("[decoding]", "[decodng]"), r"unknown section 'decodng' \(did you mean 'decoding'\?\)"),
         (("seed = 7", "seed = seven"), r"\[exp\] option seed: expected an integer, got 'seven'"),
         (("arch_opt = adam", "arch_opt = adamw"), r"option arch_opt: 'adamw' is not accepted \(did you mean 'adam'\?\); expected one of sgd, adam"),
-        (("bidirectional = True,False", "bidirectional = True,False,True"), r"bidirectional: expected 1 or 2 values"),
         (("bidirectional = True,False", "bidirectional = maybe"), "expected a boolean"),
         (("stack = rec,top", "stack = rec,tpo"), r"unknown architecture in stack 'tpo' \(did you mean 'top'\?\)"),
         (("valid_with = train", "valid_with = dev"), r"unknown dataset for valid_with 'dev'"),
@@ -186,10 +199,10 @@ def test_missing_file_is_an_error(tmp_path):
 
 
 def test_resolved_config_reads_back_identically(tmp_path):
-    cfg = parse_config_text(BASE)
+    cfg = checked(parse_config_text(BASE))
     path = tmp_path / "config.resolved.cfg"
     write_resolved(cfg, path)
-    again = parse_config(path)
+    again = checked(parse_config(path))
     for name in ("exp", "data_use", "batches", "model", "forward", "decoding"):
         assert getattr(again, name) == getattr(cfg, name), name
     assert again.architectures == cfg.architectures

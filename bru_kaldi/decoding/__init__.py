@@ -18,8 +18,9 @@ unchanged to the others; results come back as :class:`SetResult` and are written
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
+from bru_kaldi.config import Decoding
 from bru_kaldi.decoding.kaldi_scripts import KALDI_BINARIES, choose_decoder, decode_kaldi
 from bru_kaldi.decoding.python_decoder import decode_python
 from bru_kaldi.decoding.sets import (GRAPHS, DecodeInputError, DecodeJob, GraphMismatchError, KaldiDecodeError,
@@ -28,16 +29,13 @@ from bru_kaldi.decoding.sets import (GRAPHS, DecodeInputError, DecodeJob, GraphM
 from bru_kaldi.decoding.utterance import (DecodeResult, DecoderOptions, NoPathError, decode, linear_loop_graph,
                                           load_graph, transition_loglikes)
 
-if TYPE_CHECKING:
-    from bru_kaldi import config
-
 __all__ = ["decode_sets", "DecodeJob", "SetResult", "DecodeInputError", "GraphMismatchError", "MissingInputError",
            "KaldiNotFoundError", "KaldiDecodeError", "NoPathError", "DecoderOptions", "DecodeResult", "decode",
            "load_graph", "linear_loop_graph", "transition_loglikes", "read_words", "check_graph", "choose_decoder",
            "KALDI_BINARIES"]
 
 
-def decode_sets(jobs: Sequence[DecodeJob], decoding: "config.Decoding", tune_on: Optional[str],
+def decode_sets(jobs: Sequence[DecodeJob], decoding: Decoding, tune_on: Optional[str],
                 log: Callable[[str], None] = print) -> dict[str, SetResult]:
     """Decode and score data sets, the setting chosen on ``tune_on`` and applied unchanged to the rest.
 
@@ -71,7 +69,7 @@ def decode_sets(jobs: Sequence[DecodeJob], decoding: "config.Decoding", tune_on:
 
     >>> job = DecodeJob("dev", "exp/X/forward_dev/loglikes.scp", "exp/mono/graph", "exp/mono/final.mdl",
     ...                 "data/dev/text", "exp/X/decode_dev")
-    >>> results = decode_sets([job], config.Decoding(acwt_sweep=[0.1, 0.2]), tune_on="dev")  # doctest: +SKIP
+    >>> results = decode_sets([job], Decoding(acwt_sweep=[0.1, 0.2]), tune_on="dev")  # doctest: +SKIP
     >>> results["dev"].res_line()  # doctest: +SKIP
     'dev: %WER 21.30 [ 1234 / 5793, 100 ins, 300 del, 834 sub ] acwt=0.1 decoder=python rtf=0.050'
     """

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from bru_kaldi import scoring
+from bru_kaldi.config import DECODERS
 from bru_kaldi.atomic import write_text_atomically
 from bru_kaldi.decoding.sets import (DecodeInputError, GraphMismatchError, KaldiDecodeError, KaldiNotFoundError, Pass,
                                      Prepared, SetResult, choose, finish, pass_line)
@@ -32,8 +33,8 @@ def choose_decoder(decoder: str) -> str:
     >>> choose_decoder("python")
     'python'
     """
-    if decoder not in ("auto", "kaldi", "python"):
-        raise DecodeInputError(f"[decoding] decoder must be auto, kaldi or python, got {decoder!r}")
+    if decoder not in DECODERS:
+        raise DecodeInputError(f"[decoding] decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
     if decoder == "python":
         return "python"
     missing = [b for b in KALDI_BINARIES if shutil.which(b) is None]

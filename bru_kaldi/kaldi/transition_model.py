@@ -15,6 +15,9 @@ byte, a raw int32 count and the elements; the log-probabilities as a Kaldi vecto
 topology whose states carry separate self-loop pdf classes (chain models) is flagged by an int32 -1
 before its entry count, and the model then lists ``<Tuples>`` of 4 instead of ``<Triples>``.
 
+The reader and the writer of both formats stay in this one module (it runs past 450 lines for that
+reason): each is the other's inverse, and the tests hold them to that with every model they write.
+
 Usage: write ``exp/mono/final.mdl`` from kaldi-hmm-gmm's model (whose ``str()`` is Kaldi text), then
 read it back as the data pipeline does:
 

@@ -10,6 +10,9 @@
 // the arithmetic to ATen's own vectorised math (at::vec::Vectorized, SLEEF exp / log1p), so no
 // numerical code of our own beyond the equations.
 //
+// One translation unit (it runs past 450 lines for that reason): the build compiles one file, and the
+// kernels share their vector helpers and the thread split.
+//
 // Every op mirrors a TorchScript loop that stays as the fallback (GPU tensors, no C++ compiler), and
 // the tests hold both to the reference loop of each unit. Layout is time-major: (T, B, width),
 // contiguous. Shapes are checked by the Python callers; the TORCH_CHECKs guard against misuse.

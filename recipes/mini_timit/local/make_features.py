@@ -25,10 +25,13 @@ from __future__ import annotations
 import multiprocessing
 import os
 import wave
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
+from bru_kaldi.atomic import atomic_path
 from recipes.mini_timit.local.layout import SIZES, SPLITS, read_table, run_stage, stage_args, write_table
 from recipes.mini_timit.local.synthesize import split_by_speaker
 
@@ -75,27 +78,31 @@ def read_wav(path: str) -> np.ndarray:
 
 def feature_job(task: dict) -> dict[str, tuple[int, int]]:
     """Write one job's archives (ark + scp per feature type); returns (frames, samples) per utterance."""
-    import kaldiio
 
     frames = {}
-    writers = {}
-    for kind in FEATURES:
-        ark = Path(task["dir"]) / f"raw_{kind}_{task['split']}.{task['job']}"
-        writers[kind] = (ark, kaldiio.WriteHelper(f"ark,scp:{ark}.ark.tmp,{ark}.scp.tmp"))
-    for utt, wav in task["utts"]:
-        samples = read_wav(wav)
-        for kind in FEATURES:
-            feats = compute(kind, samples)
-            writers[kind][1](utt, feats)
-            frames[utt] = (len(feats), len(samples))
-    for kind, (ark, writer) in writers.items():
-        writer.close()
-        # the scp names the archive by its final name
-        scp = Path(f"{ark}.scp.tmp").read_text().replace(f"{ark}.ark.tmp:", f"{ark}.ark:")
-        os.replace(f"{ark}.ark.tmp", f"{ark}.ark")
-        Path(f"{ark}.scp.tmp").write_text(scp)
-        os.replace(f"{ark}.scp.tmp", f"{ark}.scp")
+    with ExitStack() as stack:
+        writers = {kind: stack.enter_context(ark_scp_writer(Path(task["dir"]) / f"raw_{kind}_{task['split']}.{task['job']}"))
+                   for kind in FEATURES}
+        for utt, wav in task["utts"]:
+            samples = read_wav(wav)
+            for kind in FEATURES:
+                feats = compute(kind, samples)
+                writers[kind](utt, feats)
+                frames[utt] = (len(feats), len(samples))
     return frames
+
+
+@contextmanager
+def ark_scp_writer(stem: Path) -> Iterator:
+    """kaldiio's writer of ``stem.ark`` and ``stem.scp``, both written atomically (the archive first);
+    the scp names the archive by its final name."""
+    import kaldiio
+
+    ark, scp = Path(f"{stem}.ark"), Path(f"{stem}.scp")
+    with atomic_path(scp) as scp_tmp, atomic_path(ark) as ark_tmp:
+        with kaldiio.WriteHelper(f"ark,scp:{ark_tmp},{scp_tmp}") as writer:
+            yield writer
+        scp_tmp.write_text(scp_tmp.read_text().replace(f"{ark_tmp}:", f"{ark}:"))
 
 
 def cmvn_stats(feats: list[np.ndarray]) -> np.ndarray:
@@ -112,14 +119,13 @@ def write_cmvn(data: Path, split: str, kind: str) -> None:
     import kaldiio
 
     feats = kaldiio.load_scp(str(data / SCP_NAMES[kind][0]))
-    ark = data / "data" / f"cmvn_{kind}_{split}"
-    with kaldiio.WriteHelper(f"ark,scp:{ark}.ark.tmp,{ark}.scp.tmp") as writer:
+    ark = data / "data" / f"cmvn_{kind}_{split}.ark"
+    with ark_scp_writer(ark.with_suffix("")) as writer:
         for spk, utts in read_table(data / "spk2utt").items():
             writer(spk, cmvn_stats([feats[u] for u in utts.split()]))
-    os.replace(f"{ark}.ark.tmp", f"{ark}.ark")
-    scp = Path(f"{ark}.scp.tmp").read_text().replace(f"{ark}.ark.tmp:", f"{ark}.ark:")
-    Path(f"{ark}.scp.tmp").unlink()
-    write_table(data / SCP_NAMES[kind][1], read_table_text(scp))
+    scp = ark.with_suffix(".scp")
+    write_table(data / SCP_NAMES[kind][1], read_table_text(scp.read_text()))
+    scp.unlink()
 
 
 def read_table_text(text: str) -> dict[str, str]:

@@ -19,13 +19,13 @@ of these packages hang for ever, e.g. ``import kaldilm, kaldifst``).
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import kaldi_hmm_gmm as khg  # first: see the module docstring
 import kaldifst
 
+from bru_kaldi.atomic import write_atomically
 from recipes.mini_timit.local.layout import atomic_write_text, run_stage, stage_args
 from recipes.mini_timit.local.make_mono import build_model
 
@@ -87,9 +87,7 @@ def main() -> None:
         _, tree, tm = build_model(lang)
         hclg, disambig_tid = make_hclg(lang, tree, tm)
         graph.mkdir(parents=True, exist_ok=True)
-        tmp = graph / "HCLG.fst.tmp"
-        hclg.write(str(tmp))
-        os.replace(tmp, graph / "HCLG.fst")
+        write_atomically(graph / "HCLG.fst", lambda tmp: hclg.write(str(tmp)))
         for name in ("words.txt", "phones.txt"):
             shutil.copyfile(lang / name, graph / name)
         if (graph / "phones").exists():

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 
+from bru_kaldi.atomic import atomic_path, write_atomically
 from recipes.mini_timit.local.layout import SIZES, SPLITS, atomic_write_text, read_table, run_stage, stage_args
 from recipes.mini_timit.local.synthesize import split_by_speaker
 from bru_kaldi.kaldi.transition_model import write_transition_model
@@ -101,18 +101,14 @@ def write_gzip_ark(path: Path, vectors: dict[str, np.ndarray]) -> None:
 
     buffer = io.BytesIO()
     kaldiio.save_ark(buffer, {k: vectors[k] for k in sorted(vectors, key=str.encode)})
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+    with atomic_path(path) as tmp, open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
         gz.write(buffer.getvalue())
-    os.replace(tmp, path)
 
 
 def write_model(tm, tree, mono: Path) -> None:
     """final.mdl (Kaldi TransitionModel) and tree (binary ContextDependency) into ``mono``."""
     mono.mkdir(parents=True, exist_ok=True)
-    tmp = mono / "tree.tmp"
-    tree.write(binary=True, filename=str(tmp))
-    os.replace(tmp, mono / "tree")
+    write_atomically(mono / "tree", lambda tmp: tree.write(binary=True, filename=str(tmp)))
     # Kaldi's binary format, through the project's writer (kaldi-hmm-gmm writes only text)
     write_transition_model(tm, mono / "final.mdl", binary=True)
     atomic_write_text(mono / "num_pdfs", f"{tm.num_pdfs}\n")

@@ -15,10 +15,10 @@ with kaldilm's ``arpa2fst --disambig-symbol=#0``, as Kaldi's ``format_lm.sh``.
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from pathlib import Path
 
+from bru_kaldi.atomic import write_atomically
 from recipes.mini_timit.local.layout import atomic_write_text, read_table, run_stage, stage_args
 from recipes.mini_timit.local.phoneset import PHONES, SIL
 from bru_kaldi.kaldi.transition_model import standard_topology_text
@@ -68,9 +68,7 @@ def write_lexicon_fst(path: Path, phone_ids: dict[str, int], word_ids: dict[str,
     if disambig:  # fstaddselfloops: lets G's #0 backoff arcs through L
         fst.add_arc(state=state, arc=kaldifst.StdArc(phone_ids["#0"], word_ids["#0"], 0.0, state))
     kaldifst.arcsort(fst, sort_type="olabel")
-    tmp = path.with_name(path.name + ".tmp")
-    fst.write(str(tmp))
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: fst.write(str(tmp)))
 
 
 def write_phone_lists(lang: Path, phone_ids: dict[str, int]) -> None:
@@ -130,10 +128,8 @@ def main() -> None:
         atomic_write_text(arpa, bigram_arpa(sentences, list(PHONES)))
         import kaldilm  # last: `import kaldilm, kaldifst` (that order) hangs for ever
 
-        tmp = lang / "G.fst.tmp"
-        kaldilm.arpa2fst(input_arpa=str(arpa), output_fst=str(tmp), disambig_symbol="#0",
-                         read_symbol_table=str(lang / "words.txt"))
-        os.replace(tmp, lang / "G.fst")
+        write_atomically(lang / "G.fst", lambda tmp: kaldilm.arpa2fst(
+            input_arpa=str(arpa), output_fst=str(tmp), disambig_symbol="#0", read_symbol_table=str(lang / "words.txt")))
         print(f"lang: {len(PHONES)} phones; bigram on {len(sentences)} transcripts")
 
 

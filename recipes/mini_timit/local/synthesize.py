@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bru_kaldi.atomic import atomic_path
 from recipes.mini_timit.local import augment, phoneset
 from recipes.mini_timit.local.layout import SIZES, SPLITS, read_table, run_stage, stage_args, write_table
 
@@ -63,14 +64,12 @@ def phone_segments(events: list[tuple[str, int]], n_samples: int) -> list[list]:
 
 
 def write_wav(path: Path, samples: np.ndarray) -> None:
-    """16-bit mono wav at 16 kHz, written under a temporary name first."""
-    tmp = path.with_name(path.name + ".tmp")
-    with wave.open(str(tmp), "wb") as w:
+    """16-bit mono wav at 16 kHz, written atomically."""
+    with atomic_path(path, sync=False) as tmp, wave.open(str(tmp), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(RATE)
         w.writeframes(np.clip(np.round(samples), -32768, 32767).astype("<i2").tobytes())
-    os.replace(tmp, path)
 
 
 def synth_job(task: dict) -> list[tuple[str, list[list]]]:

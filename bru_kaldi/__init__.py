@@ -1,0 +1,26 @@
+"""bru-kaldi's library: everything between a config file and the error rates, except the units
+(``models/``) and the data pipeline (``data_io.py``), which sit at the top level as users expect.
+
+In the order a run uses them (``run_exp.py``), each module one job:
+
+=========================  =========================================================================
+``config``                 the INI config parsed once into typed, validated dataclasses (no torch)
+``builtin_corpus``         the hook that builds the built-in corpus by running its recipe's ``run.sh``
+``kaldi/``                 Kaldi's files without Kaldi: ``rspecifiers`` (files and checked pipes),
+                           ``tables`` (ark/scp), ``transition_model`` (``final.mdl``), ``alignments``
+``feature_transforms``     ``apply-cmvn``, ``add-deltas``, splicing, the global normalisation
+``feature_streams``        one feature stream as the loader reads it (index, CMVN, post-processing)
+``batching``               utterances into padded batches; the background chunk prefetcher
+``network``                the acoustic model a config describes; where unit names and options are checked
+``training``               the loss, optimisers, learning-rate schedule, seeds, checkpoints, learning curve
+``distributed``            this process's place in a ``torchrun`` job
+``experiment``             the experiment folder: paths, stage markers, ``res.res``, resume rules
+``decoding/``              log-likelihoods to words: one utterance, whole sets, the Python decoder,
+                           the Kaldi-script path
+``scoring``                WER/PER as Kaldi's ``compute-wer``, corpus filters, per-utterance counts
+``atomic``                 the one way files are written: whole or not at all
+=========================  =========================================================================
+
+Dependencies point down: ``run_exp.py`` -> ``data_io.py`` -> this package; ``models/`` stands alone and
+only ``network`` imports it; nothing here imports a recipe or reads ``data_io``.
+"""

@@ -1,0 +1,102 @@
+"""The shape of the project: what lives where, which way imports point, and what a wheel installs.
+
+The layout is a promise to users (the top level is their view: ``run_exp.py``, ``data_io.py``,
+``models/``, ``cfg/``...) and to contributors (one library package, dependencies pointing down),
+so it is tested like behaviour.
+"""
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = sorted((ROOT / "bru_kaldi").rglob("*.py"))
+MODELS = sorted((ROOT / "models").rglob("*.py"))
+TOP = [ROOT / "run_exp.py", ROOT / "data_io.py"]
+OURS = LIBRARY + MODELS + TOP + sorted((ROOT / "recipes").rglob("*.py")) + sorted((ROOT / "bench").rglob("*.py"))
+
+
+def imported(path: Path) -> set[str]:
+    """The top-level names of every module ``path`` imports, wherever the import statement is."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_top_level_python_files_are_the_entry_points():
+    loose = sorted(p.name for p in ROOT.glob("*.py"))
+    assert loose == ["data_io.py", "run_exp.py"], f"library modules belong in bru_kaldi/: {loose}"
+
+
+@pytest.mark.parametrize("path", LIBRARY + MODELS + TOP, ids=lambda p: str(p.relative_to(ROOT)))
+def test_dependencies_point_down(path):
+    """models/ stands alone; the library never imports a recipe, the data pipeline or the entry point."""
+    names = imported(path)
+    assert "recipes" not in names
+    assert "run_exp" not in names or path.name == "run_exp.py"
+    if path in LIBRARY:
+        assert "data_io" not in names, "bru_kaldi sits under data_io, not over it"
+    if path in MODELS:
+        assert not names & {"bru_kaldi", "data_io"}, "models/ is importable without the rest of the toolkit"
+
+
+def test_the_bayesian_units_do_not_inherit_from_the_baselines():
+    for name in ("bru.py", "ubru.py", "tpami.py"):
+        assert "models.gated" not in (ROOT / "models" / name).read_text(), name
+
+
+@pytest.mark.parametrize("path", OURS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_code_cites_nothing_outside_the_repository(path):
+    text = path.read_text()
+    assert not re.search(r"field[ -]notes|issue \d|\.\./shared", text, flags=re.I), path
+
+
+@pytest.mark.parametrize("path", LIBRARY + MODELS + TOP + [ROOT / "models/fast/csrc/recurrences.cpp"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_long_modules_say_why(path):
+    """A module over ~450 lines says in its docstring (or header comment) why it is one module."""
+    text = path.read_text()
+    if text.count("\n") > 460:
+        head = " ".join(re.sub(r"^\s*//", "", text[:4000], flags=re.M).split())  # one line, C++ comments joined
+        assert "450 lines for that reason" in head, f"{path}: {text.count(chr(10))} lines and no reason given"
+
+
+def test_a_wheel_installs_the_units_for_other_projects(tmp_path):
+    """What ``pip install -e .`` / a wheel gives another project: ``from models import build`` and the
+    library, with the C++ source beside the kernels' loader, from any working directory."""
+    source = tmp_path / "src"
+    keep = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("models", "bru_kaldi"):
+        shutil.copytree(ROOT / name, source / name, ignore=keep)
+    for name in ("pyproject.toml", "README.md", "requirements.txt", "data_io.py", "run_exp.py"):
+        shutil.copy(ROOT / name, source / name)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("bru_kaldi-*.whl")
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    assert (site / "models/fast/csrc/recurrences.cpp").is_file()
+    code = ("import torch, models, bru_kaldi.config, data_io\n"
+            "from models import build\n"
+            "from models.fast import native\n"
+            "import os\n"
+            "print(build('libru', 3, 4)(torch.randn(2, 5, 3), [5, 3]).shape[-1], os.path.isfile(native.SOURCE),\n"
+            "      models.__file__.startswith(os.environ['SITE']))")
+    elsewhere = tmp_path / "another_project"
+    elsewhere.mkdir()
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=elsewhere,
+                         env={"PYTHONPATH": str(site), "SITE": str(site), "PATH": "/usr/bin:/bin",
+                              "BRU_KALDI_NATIVE": "0"})  # the kernels build elsewhere in the suite
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["4", "True", "True"]
