@@ -77,7 +77,8 @@ def check_architectures(config: Config) -> None:
     per layer (``models.per_layer``).
 
     The unit must exist and accept its options, dropout, norm and direction: a stack of one-unit layers
-    is built and thrown away, so the units say what they accept. ``[model] stack`` may name an
+    is built and thrown away, so the units say what they accept (with the random state put back
+    afterwards, so that calling it changes no initial weight). ``[model] stack`` may name an
     architecture once. Errors are :class:`ConfigError` naming the architecture.
     """
     for arch in config.architectures:
@@ -87,8 +88,9 @@ def check_architectures(config: Config) -> None:
             arch.dropout = models.per_layer("dropout", arch.dropout, n)
             arch.norm = [None if v is None or str(v).lower() == "none" else v for v in models.per_layer("norm", arch.norm, n)]
             arch.bidirectional = models.per_layer("bidirectional", arch.bidirectional, n)
-            models.build_stack(arch.unit, 1, [1] * n, dropout=arch.dropout, norm=arch.norm,
-                               bidirectional=arch.bidirectional, options=unit_options(arch))
+            with torch.random.fork_rng(devices=[]):  # the check must not move the seeded initial weights
+                models.build_stack(arch.unit, 1, [1] * n, dropout=arch.dropout, norm=arch.norm,
+                                   bidirectional=arch.bidirectional, options=unit_options(arch))
         except ValueError as error:  # ConfigError from unit_options too
             raise ConfigError(f"{where}: {error}") from None
     if len(set(config.model.stack)) != len(config.model.stack):

@@ -140,6 +140,30 @@ def test_units_and_their_options_are_checked_before_anything_runs(edit, message)
         check_architectures(cfg)
 
 
+def test_checking_the_architectures_leaves_the_seeded_initial_weights_alone():
+    """run_exp seeds, then builds the model (which checks the architectures first): the check builds
+    throwaway layers, and must not draw from the random state that the real weights come from."""
+    import torch
+
+    import models
+    from bru_kaldi.network import build_model, check_architectures
+
+    cfg = checked(parse_config_text(BASE))
+    torch.manual_seed(3)
+    expected, size = [], 13
+    for a in cfg.architectures:
+        options = {"backward": "kalman"} if a.unit == "ubru" else {}
+        expected.append(models.build_stack(a.unit, size, a.sizes, dropout=a.dropout, norm=a.norm,
+                                           bidirectional=a.bidirectional, options=options))
+        size = expected[-1].output_size
+    torch.manual_seed(3)
+    check_architectures(cfg)
+    model, _ = build_model(cfg, 13, 20, None)
+    for stack, reference in zip(model.stacks, expected):
+        for (name, got), want in zip(stack.state_dict().items(), reference.state_dict().values()):
+            assert torch.equal(got, want), name
+
+
 def test_reading_a_config_needs_neither_torch_nor_the_models():
     """The config module and its imports load with torch (and so the models) made unimportable."""
     import subprocess
