@@ -2,7 +2,7 @@
 """Run one experiment, from Kaldi features to error rates in ``res.res``.
 
 Usage: python run_exp.py <config.cfg> [--section,option=value ...] [--force] [--stage forward|decode]
-                         [--forward-only [--model EXP_DIR]]
+                         [--stop-stage train|forward] [--forward-only [--model EXP_DIR]]
  e.g.: python run_exp.py cfg/MINI_liBRU.cfg
        python run_exp.py cfg/TIMIT_liBRU.cfg --exp,out_folder=exp/TIMIT_liBRU_seed2 --exp,seed=2
        torchrun --nproc_per_node=4 run_exp.py cfg/TIMIT_liBRU.cfg    (distributed data parallel)
@@ -30,7 +30,7 @@ import logging
 import shutil
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import closing, nullcontext
 from pathlib import Path
 from typing import Optional
 
@@ -47,7 +47,7 @@ from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters
 from bru_kaldi.training import (Progress, batch_loss, learning_rate, load_checkpoint, make_optimizer,
-                                plot_learning_curve, save_checkpoint, seed_everything)
+                                plot_learning_curve, save_checkpoint, seed_everything, warmup)
 from data_io import (Corpus, GlobalNorm, KaldiIOError, LoglikeWriter, dataset_for, loader_options, log_priors,
                      read_counts, write_counts)
 from models.acoustic import AcousticModel
@@ -74,6 +74,19 @@ def autocast(config: Config, device: torch.device):
 
 
 # --------------------------------------------------------------------------- training
+class Diverged(FloatingPointError):
+    """A non-finite loss or gradient in training: the run rolls back to its last checkpoint."""
+
+
+def gradient_norm(params: list, clip: float) -> float:
+    """The gradients' total 2-norm, after clipping them to ``clip`` when it is positive (the norm is
+    that of before the clipping, so a non-finite gradient shows in it either way)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if clip > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, clip))
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+
 def train(config: Config, exp: Experiment, device: torch.device, dist: Distributed) -> None:
     senone = config.model.senone_lab
     train_spec = dataset_for(config, config.data_use.train_with, with_labels=True)
@@ -122,17 +135,19 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
             save_checkpoint(exp.checkpoint, model, optimizers, progress, exp.resolved.read_text())
         dist.barrier()
 
-    for epoch in range(progress.epoch, config.exp.n_epochs_tr):
+    def epoch_rates() -> dict[str, float]:
+        """Each architecture's rate for this epoch: halved on dev plateaus, and once per rollback."""
         dev_errors = [h["dev_err"] for h in progress.history]
-        lrs = {}
-        for arch, optimizer in zip(archs, optimizers):
-            lrs[arch.arch_name] = learning_rate(arch.arch_lr, arch.arch_halving_factor, arch.arch_improvement_threshold, dev_errors)
-            for group in optimizer.param_groups:
-                group["lr"] = lrs[arch.arch_name]
+        return {a.arch_name: progress.lr_scale * learning_rate(a.arch_lr, a.arch_halving_factor,
+                                                               a.arch_improvement_threshold, dev_errors)
+                for a in archs}
+
+    def train_epoch(epoch: int) -> None:
+        """The rest of ``epoch`` from ``progress.chunk``, a checkpoint after every chunk; raises
+        :class:`Diverged` at the first non-finite loss or gradient, before any weight takes it."""
+        lrs = epoch_rates()
         plan = train_set.chunk_keys(epoch)
         remaining = sum(frames_of[key] for keys in plan[progress.chunk:] for key in keys)
-        bar = tqdm(total=remaining, unit="frame", unit_scale=True, desc=f"epoch {epoch + 1}/{config.exp.n_epochs_tr}",
-                   disable=None if dist.main else True, leave=False, dynamic_ncols=True)
         model.train()
         chunk, stats, started = progress.chunk, [0.0, 0, 0], time.time()
         seed_everything(config.exp.seed, epoch, chunk)
@@ -142,33 +157,38 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
             progress.chunk = next_chunk
             checkpoint()
 
-        for batch in train_set.batches(epoch, first_chunk=progress.chunk):
-            if batch.chunk != chunk:
-                finish_chunk(batch.chunk)
-                chunk, stats, started = batch.chunk, [0.0, 0, 0], time.time()
-                seed_everything(config.exp.seed, epoch, chunk)  # dropout masks independent of where a run resumed
-            share = dist.share(batch)
-            empty = share is None  # fewer rows than ranks: a zero-weighted row keeps the ranks in step
-            share = (batch.select(slice(0, 1)) if empty else share).to(device, non_blocking=True)
-            with autocast(config, device):
-                out = net(share.x, share.lengths)
-            loss, (loss_sum, errors, frames) = batch_loss(out, share.labels, config.model, batch.num_frames, dist.world)
-            for optimizer in optimizers:
-                optimizer.zero_grad(set_to_none=True)
-            (loss * 0 if empty else loss).backward()
-            for arch, params, optimizer in zip(archs, groups, optimizers):
-                if arch.clip_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(params, arch.clip_grad_norm)
-                optimizer.step()
-            if not empty:
-                stats = [stats[0] + loss_sum, stats[1] + errors, stats[2] + frames]
-            if not np.isfinite(loss_sum):
-                raise FloatingPointError(f"epoch {epoch + 1}, chunk {chunk + 1}: the loss is {loss_sum} on utterances "
-                                         f"{batch.keys[:4]}; lower [architectureN] arch_lr (RMSprop's first steps are several times lr) or set "
-                                         f"clip_grad_norm")
-            bar.update(batch.num_frames)
-            bar.set_postfix(loss=f"{stats[0] / max(stats[2], 1):.3f}", refresh=False)
-        bar.close()
+        with tqdm(total=remaining, unit="frame", unit_scale=True, desc=f"epoch {epoch + 1}/{config.exp.n_epochs_tr}",
+                  disable=None if dist.main else True, leave=False, dynamic_ncols=True) as bar, \
+                closing(train_set.batches(epoch, first_chunk=progress.chunk)) as batches:
+            for batch in batches:
+                if batch.chunk != chunk:
+                    finish_chunk(batch.chunk)
+                    chunk, stats, started = batch.chunk, [0.0, 0, 0], time.time()
+                    seed_everything(config.exp.seed, epoch, chunk)  # dropout masks independent of where a run resumed
+                share = dist.share(batch)
+                empty = share is None  # fewer rows than ranks: a zero-weighted row keeps the ranks in step
+                share = (batch.select(slice(0, 1)) if empty else share).to(device, non_blocking=True)
+                with autocast(config, device):
+                    out = net(share.x, share.lengths)
+                loss, (loss_sum, errors, frames) = batch_loss(out, share.labels, config.model, batch.num_frames,
+                                                              dist.world)
+                for optimizer in optimizers:
+                    optimizer.zero_grad(set_to_none=True)
+                (loss * 0 if empty else loss).backward()
+                norms = [gradient_norm(params, arch.clip_grad_norm) for arch, params in zip(archs, groups)]
+                bad = 0.0 if empty else float(not np.isfinite(loss_sum) or not all(map(np.isfinite, norms)))
+                if dist.sum([bad])[0]:  # every rank stops at the same step, before any weight moves
+                    raise Diverged(f"epoch {epoch + 1}, chunk {chunk + 1}: the loss is {loss_sum:g} and the gradient "
+                                   f"norms are {norms} on utterances {batch.keys[:4]}")
+                for arch, optimizer in zip(archs, optimizers):
+                    for group in optimizer.param_groups:
+                        group["lr"] = lrs[arch.arch_name] * warmup(progress.step, arch.arch_warmup_steps)
+                    optimizer.step()
+                progress.step += 1
+                if not empty:
+                    stats = [stats[0] + loss_sum, stats[1] + errors, stats[2] + frames]
+                bar.update(batch.num_frames)
+                bar.set_postfix(loss=f"{stats[0] / max(stats[2], 1):.3f}", refresh=False)
         if progress.chunk < len(plan):
             finish_chunk(len(plan))
 
@@ -182,6 +202,26 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
         if dist.main:
             exp.write_res(progress.history)
             plot_learning_curve(progress.history, exp.folder / "learning_curve.png")
+
+    if not exp.checkpoint.is_file():
+        checkpoint()  # the initial weights: what a blow-up in the first chunk rolls back to
+    while progress.epoch < config.exp.n_epochs_tr:
+        try:
+            train_epoch(progress.epoch)
+        except Diverged as blowup:
+            # A blow-up costs the chunk, not the run: back to the last checkpoint, with every rate halved
+            # from then on. The same chunk blowing up again is a stop: halving once more would hide it.
+            failed_at = (progress.epoch, progress.chunk)
+            progress = load_checkpoint(exp.checkpoint, model, optimizers)
+            if failed_at in progress.rollbacks:
+                raise FloatingPointError(
+                    f"{blowup}, again after rolling back to {exp.checkpoint} with the learning rates halved; lower "
+                    f"[architectureN] arch_lr, or set arch_warmup_steps or opt_bias_correction = True (RMSprop's first "
+                    f"steps are several times lr), or clip_grad_norm") from None
+            progress.rollbacks.append(failed_at)
+            log.warning("%s: rolling back to %s (epoch %d, chunk %d) with the learning rates halved (x%g from now on)",
+                        blowup, exp.checkpoint, progress.epoch + 1, progress.chunk + 1, progress.lr_scale)
+            checkpoint()
 
     if dist.main:
         final = {"model": model.state_dict(), "input_dim": train_set.feature_dim, "num_pdfs": train_set.label_dims[senone],
@@ -305,6 +345,8 @@ def parse_arguments(argv):
     parser.add_argument("config", help="the experiment config (cfg/*.cfg)")
     parser.add_argument("--force", action="store_true", help="delete the experiment folder's outputs and start again")
     parser.add_argument("--stage", choices=("forward", "decode"), help="run again from this stage on (training kept)")
+    parser.add_argument("--stop-stage", choices=("train", "forward", "decode"), default="decode",
+                        help="the last stage to run (as a Kaldi recipe's --stop-stage)")
     parser.add_argument("--forward-only", action="store_true", help="no training: forward and decode with a trained model")
     parser.add_argument("--model", type=Path, help="with --forward-only: the trained experiment folder (default out_folder)")
     args, overrides = parser.parse_known_args(argv)
@@ -370,9 +412,11 @@ def run(argv=None) -> None:
             return
         if not exp.done("train"):
             train(config, exp, device, dist)
-    if not dist.main:
+    if not dist.main or args.stop_stage == "train":
         return
     forward(config, exp, model_dir, device)
+    if args.stop_stage == "forward":
+        return
     history = []  # the epoch lines res.res keeps above the decoding results
     if exp.checkpoint.is_file():
         history = torch.load(exp.checkpoint, map_location="cpu", weights_only=True)["progress"]["history"]

@@ -163,12 +163,14 @@ class Architecture:
     arch_lr: float = 0.0008
     arch_halving_factor: float = 0.5
     arch_improvement_threshold: float = 0.001
+    arch_warmup_steps: int = 0  # the rate rises linearly to arch_lr over the run's first optimiser steps
     arch_opt: str = choice(*OPTIMIZERS, default="rmsprop")
     opt_momentum: float = 0.0
     opt_weight_decay: float = 0.0
     opt_alpha: float = 0.95  # rmsprop
     opt_eps: float = 1e-8
     opt_centered: bool = False
+    opt_bias_correction: bool = False  # rmsprop: square average / (1 - alpha^t), so the first steps are ~lr
     opt_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # adam
     opt_rho: float = 0.9  # adadelta
     opt_nesterov: bool = False
@@ -438,6 +440,10 @@ def validate(config: Config) -> None:
         where = f"{src} [architecture arch_name={a.arch_name}]"
         if not a.sizes or min(a.sizes) < 1:
             raise ConfigError(f"{where} sizes: expected positive layer sizes, got {a.sizes}")
+        if not a.arch_lr > 0:
+            raise ConfigError(f"{where} arch_lr: expected a positive learning rate, got {a.arch_lr}")
+        if a.arch_warmup_steps < 0:
+            raise ConfigError(f"{where} arch_warmup_steps: expected steps >= 0, got {a.arch_warmup_steps}")
     if not config.model.stack:
         raise ConfigError(f"{src} [model] stack: name the architectures to stack, input first (arch_name values)")
     for name in config.model.stack:
@@ -460,6 +466,23 @@ def validate(config: Config) -> None:
 
 
 # --------------------------------------------------------------------------- writing
+def option_default(section: str, option: str) -> Optional[str]:
+    """The default of ``[section] option`` as :func:`write_resolved` writes it (``architecture2`` is an
+    ``[architectureN]``), or None for an option the schema does not have.
+
+    >>> option_default("architecture2", "arch_warmup_steps"), option_default("exp", "nothing")
+    ('0', None)
+    """
+    base = re.sub(r"\d+$", "", section)
+    cls = SINGLE_SECTIONS.get(section) or {"architecture": Architecture, "dataset": Dataset}.get(base)
+    fields = {f.name: f for f in dataclasses.fields(cls)} if cls else {}
+    if option not in fields or option in ("fea", "lab"):
+        return None
+    f = fields[option]
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return _format(default)
+
+
 def _format(value) -> str:
     if isinstance(value, list):
         return ",".join("none" if v is None else str(v) for v in value)

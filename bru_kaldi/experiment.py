@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from bru_kaldi.atomic import write_text_atomically
-from bru_kaldi.config import ConfigError
+from bru_kaldi.config import ConfigError, option_default
 
 
 class Experiment:
@@ -77,8 +77,9 @@ def check_same_experiment(exp: Experiment, resolved_text: str, source: str) -> N
     """A folder with training progress may only be resumed with the config that made it.
 
     Changes to ``[decoding]``, ``[forward]``, ``[data_use] forward_with`` and ``[exp] device`` are
-    allowed (:data:`RESUMABLE_CHANGES`); anything else is a :class:`ConfigError` naming the first five
-    differences.
+    allowed (:data:`RESUMABLE_CHANGES`), and so is an option the folder's config does not list (added to
+    the toolkit later) while it has its default; anything else is a :class:`ConfigError` naming the first
+    five differences.
     """
     if not exp.resolved.is_file() or not (exp.checkpoint.is_file() or exp.final.is_file()):
         return
@@ -92,7 +93,8 @@ def check_same_experiment(exp: Experiment, resolved_text: str, source: str) -> N
                 if section not in allowed or (allowed[section] is not None and option not in allowed[section])}
 
     before, now = relevant(exp.resolved.read_text()), relevant(resolved_text)
-    changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+    # an option the toolkit gained after the folder was made changes nothing while it keeps its default
+    changed = sorted(k for k in set(before) | set(now) if before.get(k, option_default(*k)) != now.get(k))
     if changed:
         details = "; ".join(f"[{s}] {o}: {before.get((s, o))!r} -> {now.get((s, o))!r}" for s, o in changed[:5])
         raise ConfigError(f"{source}: {exp.folder} holds an experiment trained with a different config ({details}); "

@@ -73,8 +73,34 @@ def batch_loss(out: dict, labels: dict, model: Model, global_frames: int, world:
 
 
 # --------------------------------------------------------------------------- optimisers
+class BiasCorrectedRMSprop(torch.optim.Adam):
+    """RMSprop whose square average is divided by ``1 - alpha^t``, as Adam corrects its own.
+
+    Plain RMSprop starts its square average ``v`` at zero, so its first step is
+    ``lr * g / sqrt((1 - alpha) g^2) = lr / sqrt(1 - alpha)`` in the direction of every gradient's sign:
+    4.5 x lr at alpha 0.95, on every weight at once. Corrected, the first step is ``lr``, and after a few
+    dozen steps (``alpha^t`` -> 0) the two are the same optimiser. That is exactly Adam without a first
+    moment: ``m_t = g_t`` (beta1 = 0, whose correction ``1 - 0^t`` is 1) and ``v_t`` corrected with
+    beta2 = alpha, so torch's Adam runs it. Weight decay is added to the gradient, as RMSprop does.
+
+    >>> w = torch.nn.Parameter(torch.zeros(3))
+    >>> opt = BiasCorrectedRMSprop([w], lr=0.01, alpha=0.95)
+    >>> w.grad = torch.tensor([1e-3, -2.0, 30.0]); opt.step()
+    >>> [round(v, 4) for v in w.tolist()]  # first step: lr * sign(g), not 4.5 lr
+    [-0.01, 0.01, -0.01]
+    """
+
+    def __init__(self, params, lr: float, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0):
+        super().__init__(params, lr=lr, betas=(0.0, alpha), eps=eps, weight_decay=weight_decay)
+
+
 def make_optimizer(name: str, params, lr: float, arch) -> torch.optim.Optimizer:
     """One optimiser per architecture, as pytorch-kaldi: ``arch`` carries its ``opt_*`` options."""
+    if name == "rmsprop" and arch.opt_bias_correction:
+        if arch.opt_momentum or arch.opt_centered:
+            raise ValueError("opt_bias_correction is for plain RMSprop: set opt_momentum = 0 and opt_centered = False")
+        return BiasCorrectedRMSprop(params, lr=lr, alpha=arch.opt_alpha, eps=arch.opt_eps,
+                                    weight_decay=arch.opt_weight_decay)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=arch.opt_momentum, weight_decay=arch.opt_weight_decay,
                                nesterov=arch.opt_nesterov)
@@ -86,6 +112,16 @@ def make_optimizer(name: str, params, lr: float, arch) -> torch.optim.Optimizer:
     if name == "adadelta":
         return torch.optim.Adadelta(params, lr=lr, rho=arch.opt_rho, eps=arch.opt_eps, weight_decay=arch.opt_weight_decay)
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+def warmup(step: int, steps: int) -> float:
+    """The factor on the learning rate at optimiser step ``step`` (from 0) of a ``steps``-step linear warmup:
+    ``(step + 1) / steps`` until it reaches 1 (no warmup when ``steps`` is 0).
+
+    >>> [warmup(s, 4) for s in range(6)], warmup(0, 0)
+    ([0.25, 0.5, 0.75, 1.0, 1.0, 1.0], 1.0)
+    """
+    return 1.0 if steps <= 0 else min(1.0, (step + 1) / steps)
 
 
 def learning_rate(initial: float, halving_factor: float, threshold: float, dev_errors: Sequence[float]) -> float:
@@ -121,15 +157,24 @@ def seed_everything(seed: int, *keys: int) -> int:
 # --------------------------------------------------------------------------- checkpoints
 @dataclass
 class Progress:
-    """Where training stands: the next (epoch, chunk) to run and the per-epoch history."""
+    """Where training stands: the next (epoch, chunk) to run, the optimiser steps taken, the per-epoch
+    history, and the blow-ups survived (each halved the learning rate from then on)."""
 
     epoch: int = 0
     chunk: int = 0
     history: list = field(default_factory=list)  # one dict per finished epoch (res.res values)
     chunk_stats: list = field(default_factory=list)  # (loss_sum, errors, frames) of this epoch's finished chunks
+    step: int = 0  # optimiser steps taken (the warmup counts them)
+    rollbacks: list = field(default_factory=list)  # (epoch, chunk) of every blow-up rolled back from
+
+    @property
+    def lr_scale(self) -> float:
+        """The factor on every learning rate: halved by each rollback."""
+        return 0.5 ** len(self.rollbacks)
 
     def as_dict(self) -> dict:
-        return {"epoch": self.epoch, "chunk": self.chunk, "history": self.history, "chunk_stats": self.chunk_stats}
+        return {"epoch": self.epoch, "chunk": self.chunk, "history": self.history, "chunk_stats": self.chunk_stats,
+                "step": self.step, "rollbacks": [list(r) for r in self.rollbacks]}
 
 
 def save_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer], progress: Progress,
@@ -156,7 +201,8 @@ def load_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.opt
     for optimizer, saved in zip(optimizers, state["optimizers"]):
         optimizer.load_state_dict(saved)
     p = state["progress"]
-    return Progress(p["epoch"], p["chunk"], list(p["history"]), [tuple(s) for s in p["chunk_stats"]])
+    return Progress(p["epoch"], p["chunk"], list(p["history"]), [tuple(s) for s in p["chunk_stats"]],
+                    p.get("step", 0), [tuple(r) for r in p.get("rollbacks", [])])
 
 
 # --------------------------------------------------------------------------- learning curve

@@ -7,8 +7,10 @@ TorchScript loops run everything else (CUDA) and are the fallback where the exte
 built. Both are tested against the reference loop of every unit.
 
 The first use compiles the extension with the machine's C++ compiler (about 15 s on 2 cores) into
-torch's extension cache (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``); later
-runs load it from there, and an edit of the source rebuilds it. ``python -m models.fast.native`` builds it
+torch's extension cache (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), in a
+folder named for the source's hash (:func:`build_directory`); later runs, from any checkout with the
+same source, load it from there, and an edited source builds into a new folder. Builds hold a lock
+that dies with its process (:func:`build_lock`): a build killed half-way never blocks the next one. ``python -m models.fast.native`` builds it
 ahead of time and prints where it is.
 
 ``BRU_KALDI_NATIVE`` chooses: ``auto`` (default: build, and if that fails warn once and use
@@ -23,8 +25,13 @@ tensor(0.)
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import logging
 import os
+import sys
+import time
 import warnings
 from typing import Optional
 
@@ -57,20 +64,78 @@ def build_flags() -> tuple[str, list[str]]:
     return "bru_kaldi_generic", flags + ["-DCPU_CAPABILITY_DEFAULT", "-DCPU_CAPABILITY=DEFAULT"]
 
 
+def build_directory(name: str, flags: list[str]) -> str:
+    """Where this source is built: ``<torch's extension cache>/<name>_<hash>``.
+
+    The hash covers the source, the flags and torch's version, so checkouts with the same source share
+    one build, an edited source gets a fresh folder (never a half-rebuilt one), and a torch upgrade
+    never loads a stale library.
+    """
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_extensions")
+    digest = hashlib.sha256()
+    with open(SOURCE, "rb") as f:
+        digest.update(f.read())
+    digest.update(" ".join([*flags, torch.__version__, sys.version]).encode())
+    return os.path.join(root, f"{name}_{digest.hexdigest()[:12]}")
+
+
+@contextlib.contextmanager
+def build_lock(directory: str, wait_note_seconds: float = 2.0):
+    """Hold an exclusive lock on ``directory`` for a build, and clear torch's own lock if it is stale.
+
+    torch's lock is a plain file that a killed build leaves behind, after which every later build waits
+    for it forever, silently. Ours is an ``flock``, which the kernel releases when its holder dies, so a
+    run never inherits a dead build's lock; while we hold it, a torch lock file in the folder can only
+    be stale, and is removed with a warning naming it. A run that has to wait for a live build says so
+    within ``wait_note_seconds`` (and names the process and the file), then every 30 s.
+    """
+    os.makedirs(directory, exist_ok=True)
+    path = directory + ".lock"
+    log = logging.getLogger(__name__)
+    with open(path, "a+") as handle:
+        started, noted = time.monotonic(), 0.0
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - started
+                if waited >= wait_note_seconds and waited - noted >= (30.0 if noted else 0.0):
+                    handle.seek(0)
+                    owner = handle.read().strip() or "unknown"
+                    log.warning("waiting for process %s to finish building the C++ kernels in %s (lock %s, %.0f s so far)",
+                                owner, directory, path, waited)
+                    noted = waited
+                time.sleep(0.2)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        stale = os.path.join(directory, "lock")
+        if os.path.exists(stale):
+            log.warning("removing %s, left by a build that was killed (it would make every build wait forever)", stale)
+            os.unlink(stale)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def load(verbose: bool = False):
     """Builds (first time) and loads the extension; returns ``torch.ops.bru_kaldi``. Raises on failure."""
     if "ops" not in _loaded:
-        import time
-
         from torch.utils import cpp_extension
 
         name, flags = build_flags()
+        directory = build_directory(name, flags)
         start = time.perf_counter()
-        cpp_extension.load(name, [SOURCE], extra_cflags=flags, extra_ldflags=["-fopenmp"], is_python_module=False,
-                           verbose=verbose)
+        with build_lock(directory):
+            cpp_extension.load(name, [SOURCE], extra_cflags=flags, extra_ldflags=["-fopenmp"], is_python_module=False,
+                               build_directory=directory, verbose=verbose)
         _loaded["ops"] = torch.ops.bru_kaldi
-        logging.getLogger(__name__).info("C++ kernels %s ready in %.1f s (built on first use, then cached by torch)",
-                                         name, time.perf_counter() - start)
+        logging.getLogger(__name__).info("C++ kernels %s ready in %.1f s (built on first use into %s, then cached)",
+                                         name, time.perf_counter() - start, directory)
     return _loaded["ops"]
 
 
@@ -100,4 +165,4 @@ def native_ops(example: torch.Tensor) -> Optional[object]:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     load(verbose=True)
-    print(f"{build_flags()[0]} ({' '.join(build_flags()[1])}): torch.ops.bru_kaldi")
+    print(f"{build_flags()[0]} ({' '.join(build_flags()[1])}) in {build_directory(*build_flags())}: torch.ops.bru_kaldi")

@@ -1,0 +1,102 @@
+"""Which seeds train: every config's first epoch at several seeds, and the seeds that finish it.
+
+A comparison over seeds needs every seed to train. For each config and seed this runs
+``run_exp.py CFG --exp,seed=N --exp,n_epochs_tr=1`` into its own folder (training only: no forward
+pass, no decode) and reads the outcome: ``trained`` (epoch 1 finished with a finite loss),
+``trained, N rollback(s)`` (a blow-up was caught and the run went back to its last checkpoint with a
+halved learning rate), or ``FAILED`` (the run stopped; its error line is printed). Finished runs are
+not run again, so a killed bench resumes.
+
+Usage: python bench/seeds.py [--seeds 1-10] [--out DIR] [CFG ...] [--section,option=value ...]
+  e.g. python bench/seeds.py cfg/MINI_liGRU.cfg cfg/MINI_liBRU.cfg --seeds 1-10
+       python bench/seeds.py --seeds 1,2 cfg/MINI_liBRU.cfg --architecture1,arch_warmup_steps=0
+
+With no CFG, every ``cfg/MINI_*.cfg``. About 20-40 s per (config, seed) on 2 cores for the units with
+a fast path, 2-3 minutes for GRU, LSTM and MGU (one epoch each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"1-10"`` or ``"1,2,5"`` (or both, ``"1-3,7"``) as a sorted list of seeds."""
+    seeds = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        seeds.update(range(int(low), int(high or low) + 1))
+    return sorted(seeds)
+
+
+def outcome(folder: Path) -> str | None:
+    """What a finished run in ``folder`` gave, or None when it has not finished."""
+    status = folder / "bench_status"
+    return status.read_text().strip() if status.is_file() else None
+
+
+def run_one(cfg: Path, seed: int, folder: Path, overrides: list[str]) -> str:
+    command = [sys.executable, str(ROOT / "run_exp.py"), str(cfg), f"--exp,seed={seed}", "--exp,n_epochs_tr=1",
+               f"--exp,out_folder={folder}", "--stop-stage", "train", *overrides]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    log = (result.stdout + result.stderr).splitlines()
+    rollbacks = sum("rolling back" in line for line in log)
+    res = folder / "res.res"
+    epoch = res.read_text().splitlines()[0] if res.is_file() else ""
+    loss = re.search(r"train_loss=(\S+)", epoch)
+    if result.returncode == 0 and loss and loss.group(1) not in ("nan", "inf"):
+        state = "trained" + (f", {rollbacks} rollback(s)" if rollbacks else "")
+    else:
+        errors = [line for line in log if "error" in line.lower()]
+        state = "FAILED: " + (errors[-1].split("error: ", 1)[-1] if errors else f"exit status {result.returncode}")
+    (folder / "bench_status").write_text(state + "\n")
+    return state
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     usage=__doc__.split("\n\n")[2].replace("Usage: ", "", 1),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("cfgs", nargs="*", type=Path, help="configs (default: cfg/MINI_*.cfg)")
+    parser.add_argument("--seeds", default="1-10", help="seeds, e.g. 1-10 or 1,2,4")
+    parser.add_argument("--out", type=Path, default=ROOT / "exp" / "seeds", help="one folder per run under it")
+    args, overrides = parser.parse_known_args(argv)
+    cfgs = args.cfgs or sorted((ROOT / "cfg").glob("MINI_*.cfg"))
+    seeds = parse_seeds(args.seeds)
+    print(f"bench/seeds.py: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+          f"{len(cfgs)} config(s) x seeds {args.seeds}; overrides: {' '.join(overrides) or 'none'}")
+    summary = {}
+    for cfg in cfgs:
+        states = {}
+        for seed in seeds:
+            folder = args.out / f"{cfg.stem}_seed{seed}"
+            state = outcome(folder)
+            if state is None:
+                start = time.time()
+                state = run_one(cfg, seed, folder, overrides) + f" ({time.time() - start:.0f} s)"
+                (folder / "bench_status").write_text(state + "\n")
+            states[seed] = state
+            print(f"  {cfg.stem} seed {seed}: {state}", flush=True)
+        summary[cfg.stem] = states
+    print("\nseeds that finished epoch 1 with a finite loss:")
+    failed = False
+    for name, states in summary.items():
+        good = [s for s, state in states.items() if state.startswith("trained")]
+        rolled = [s for s, state in states.items() if "rollback" in state]
+        failed |= len(good) < len(states)
+        note = f"; rolled back: {rolled}" if rolled else ""
+        print(f"  {name:24s} {len(good):2d}/{len(states)}  {good}{note}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

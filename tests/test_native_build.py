@@ -1,0 +1,75 @@
+"""The C++ kernels' build: a build killed half-way never blocks the next one, and a run that has to wait
+for a live build says so within seconds (torch's own lock file would make it wait forever, silently)."""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from models.fast import native
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HOLD = """
+import sys, time
+sys.path.insert(0, {root!r})
+from models.fast.native import build_lock
+with build_lock({directory!r}):
+    print("holding", flush=True)
+    time.sleep({seconds})
+"""
+
+
+def hold_lock(directory: Path, seconds: float) -> subprocess.Popen:
+    """A second process that takes the build lock of ``directory`` and keeps it for ``seconds``."""
+    process = subprocess.Popen([sys.executable, "-c", HOLD.format(root=str(ROOT), directory=str(directory), seconds=seconds)],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "holding"
+    return process
+
+
+def test_a_torch_lock_left_by_a_killed_build_is_removed_and_named(tmp_path, caplog):
+    directory = tmp_path / "bru_kaldi_avx2_0123"
+    directory.mkdir()
+    (directory / "lock").touch()  # what torch's FileBaton leaves when its build is killed
+    with caplog.at_level(logging.WARNING), native.build_lock(str(directory)):
+        assert not (directory / "lock").exists()
+    assert str(directory / "lock") in caplog.text and "killed" in caplog.text
+
+
+def test_a_killed_builder_releases_the_lock_at_once(tmp_path):
+    directory = tmp_path / "build"
+    holder = hold_lock(directory, seconds=60)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    start = time.monotonic()
+    with native.build_lock(str(directory)):
+        pass
+    assert time.monotonic() - start < 1.0
+
+
+def test_waiting_for_a_live_build_is_announced_with_its_process(tmp_path, caplog):
+    directory = tmp_path / "build"
+    holder = hold_lock(directory, seconds=3)
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING), native.build_lock(str(directory), wait_note_seconds=0.5):
+        waited = time.monotonic() - start
+    holder.wait()
+    assert 1.5 < waited < 10
+    assert f"waiting for process {holder.pid}" in caplog.text and str(directory) in caplog.text
+
+
+def test_the_build_folder_follows_the_source(tmp_path, monkeypatch):
+    """Checkouts with the same source share a build; another source (or torch) gets another folder."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    name, flags = native.build_flags()
+    first = native.build_directory(name, flags)
+    assert Path(first).parent == tmp_path and Path(first).name.startswith(name + "_")
+    assert native.build_directory(name, flags) == first
+    edited = tmp_path / "recurrences.cpp"
+    edited.write_bytes(Path(native.SOURCE).read_bytes() + b"\n// edited\n")
+    monkeypatch.setattr(native, "SOURCE", str(edited))
+    assert native.build_directory(name, flags) != first

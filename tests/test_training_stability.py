@@ -1,0 +1,145 @@
+"""Training that survives its first steps and its blow-ups: the bias-corrected RMSprop, the learning-rate
+warmup, and the rollback of a NaN to the last checkpoint with halved rates (a clear stop if the same
+chunk blows up again). The runs are in-process, on the tests' tiny built-in corpus, so that a NaN can
+be injected at a chosen step."""
+
+import logging
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import run_exp
+from bru_kaldi.training import BiasCorrectedRMSprop, warmup
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = ROOT / "tests" / "data" / "tiny_liBRU.cfg"
+
+
+def test_bias_corrected_rmsprop_against_its_definition():
+    """v_t = alpha v_{t-1} + (1 - alpha) (g_t + wd w)^2, w -= lr (g_t + wd w) / (sqrt(v_t / (1 - alpha^t)) + eps),
+    written out in NumPy over several steps."""
+    rng = np.random.default_rng(0)
+    lr, alpha, eps, wd = 0.01, 0.95, 1e-8, 0.001
+    w0 = rng.normal(size=5)
+    weight = torch.nn.Parameter(torch.tensor(w0))
+    optimizer = BiasCorrectedRMSprop([weight], lr=lr, alpha=alpha, eps=eps, weight_decay=wd)
+    w, v = w0.copy(), np.zeros(5)
+    for t in range(1, 8):
+        g = rng.normal(size=5) * 10 ** rng.uniform(-3, 2)
+        weight.grad = torch.tensor(g)
+        optimizer.step()
+        g = g + wd * w
+        v = alpha * v + (1 - alpha) * g * g
+        w = w - lr * g / (np.sqrt(v / (1 - alpha ** t)) + eps)
+        np.testing.assert_allclose(weight.detach().numpy(), w, rtol=1e-12, atol=1e-14)
+
+
+def test_plain_rmsprop_first_step_is_several_times_lr():
+    """The problem the correction solves: torch's RMSprop moves every weight by lr / sqrt(1 - alpha) at first."""
+    weight = torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.RMSprop([weight], lr=0.01, alpha=0.95, eps=1e-8)
+    weight.grad = torch.tensor([1e-3, -2.0, 30.0])
+    optimizer.step()
+    np.testing.assert_allclose(weight.detach().abs().numpy(), 0.01 / math.sqrt(0.05), rtol=1e-4)  # eps: 4e-5
+
+
+@pytest.fixture
+def tiny_run(tiny_corpus, tmp_path, monkeypatch):
+    """``run(*overrides)``: run_exp.main in this process on the tiny corpus, training only; returns
+    (exit code, the experiment folder, the log text)."""
+    monkeypatch.setenv("MINI_TIMIT", str(tiny_corpus.root))
+    monkeypatch.setenv("BRU_TEST_EXP", str(tmp_path / "exp"))
+    torch.set_num_threads(1)
+
+    def run(*overrides):
+        code = run_exp.main([str(CFG), "--stop-stage", "train", "--exp,n_epochs_tr=2", *overrides])
+        logging.shutdown()
+        return code, tmp_path / "exp", (tmp_path / "exp" / "log.txt").read_text()
+
+    return run
+
+
+def inject_nan(monkeypatch, when):
+    """Make the loss of optimiser step number ``i`` (counted over the run, from 0) NaN where ``when(i)``."""
+    calls = {"step": -1}
+    original = run_exp.batch_loss
+
+    def batch_loss(out, labels, model, global_frames, world=1):
+        loss, stats = original(out, labels, model, global_frames, world)
+        if global_frames > 1:  # a training step, not an evaluation
+            calls["step"] += 1
+            if when(calls["step"]):
+                return loss * float("nan"), (float("nan"),) + stats[1:]
+        return loss, stats
+
+    monkeypatch.setattr(run_exp, "batch_loss", batch_loss)
+    return calls
+
+
+def checkpoint_progress(exp_dir: Path) -> dict:
+    return torch.load(exp_dir / "checkpoint.pt", map_location="cpu", weights_only=True)["progress"]
+
+
+def test_a_nan_rolls_back_to_the_last_checkpoint_with_halved_rates(tiny_run, monkeypatch):
+    steps = inject_nan(monkeypatch, lambda step: step == 3)
+    code, exp_dir, log = tiny_run()
+    assert code == 0, log
+    assert "rolling back to" in log and "learning rates halved" in log
+    rollbacks = checkpoint_progress(exp_dir)["rollbacks"]
+    assert len(rollbacks) == 1 and rollbacks[0][0] == 0  # epoch 1
+    # both epochs trained at half the configured rate (arch_lr = 0.004), and the weights stayed finite
+    res = (exp_dir / "res.res").read_text()
+    assert re.findall(r"lr_rnn=(\S+)", res) == ["0.002", "0.002"]
+    weights = torch.load(exp_dir / "final.pt", weights_only=True)["model"]
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    assert steps["step"] > 3  # the chunk was replayed after the rollback
+
+
+def test_a_nan_again_in_the_same_chunk_stops_with_a_clear_message(tiny_run, monkeypatch, capsys):
+    inject_nan(monkeypatch, lambda step: step >= 2)  # every step from the third: the replay fails too
+    code, exp_dir, log = tiny_run()
+    assert code == 1
+    assert "again after rolling back" in log and "arch_lr" in log and "arch_warmup_steps" in log
+    assert len(checkpoint_progress(exp_dir)["rollbacks"]) == 1
+    assert not (exp_dir / "final.pt").exists()
+
+
+def test_a_nan_gradient_with_a_finite_loss_is_caught_before_the_step(tiny_run, monkeypatch):
+    """A gradient can overflow where the loss does not; no weight may take a NaN step."""
+    original = torch.nn.utils.clip_grad_norm_
+    calls = {"n": 0}
+
+    def poisoned(params, max_norm, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+        return original(params, max_norm, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", poisoned)
+    code, exp_dir, log = tiny_run()
+    assert code == 0 and "rolling back" in log
+    weights = torch.load(exp_dir / "final.pt", weights_only=True)["model"]
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_the_warmup_raises_the_rate_step_by_step_and_survives_a_resume(tiny_run, monkeypatch):
+    rates = []
+    original = torch.optim.RMSprop.step
+
+    def step(self, *args, **kwargs):
+        rates.append(self.param_groups[0]["lr"])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.RMSprop, "step", step)
+    code, exp_dir, log = tiny_run("--architecture1,arch_warmup_steps=5", "--exp,n_epochs_tr=1")
+    assert code == 0, log
+    expected = [0.004 * warmup(i, 5) for i in range(len(rates))]
+    np.testing.assert_allclose(rates, expected)
+    assert rates[:5] == pytest.approx([0.0008, 0.0016, 0.0024, 0.0032, 0.004]) and len(rates) > 5
+    assert checkpoint_progress(exp_dir)["step"] == len(rates)
