@@ -466,6 +466,9 @@ def validate(config: Config) -> None:
 
 
 # --------------------------------------------------------------------------- writing
+RESOLVED_FROM = "# resolved from "
+
+
 def option_default(section: str, option: str) -> Optional[str]:
     """The default of ``[section] option`` as :func:`write_resolved` writes it (``architecture2`` is an
     ``[architectureN]``), or None for an option the schema does not have.
@@ -490,8 +493,11 @@ def _format(value) -> str:
 
 
 def write_resolved(config: Config, path) -> None:
-    """Write the fully resolved config (every option, defaults included) as INI, atomically."""
-    lines = []
+    """Write the fully resolved config (every option, defaults included) as INI, atomically.
+
+    The first line is a comment naming the config it was resolved from (``compare.py`` names runs by it).
+    """
+    lines = [f"{RESOLVED_FROM}{config.source}"]
 
     def section(name, obj, skip=()):
         lines.append(f"[{name}]")

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = sorted((ROOT / "bru_kaldi").rglob("*.py"))
 MODELS = sorted((ROOT / "models").rglob("*.py"))
-TOP = [ROOT / "run_exp.py", ROOT / "data_io.py"]
+TOP = [ROOT / "run_exp.py", ROOT / "data_io.py", ROOT / "compare.py"]
 OURS = LIBRARY + MODELS + TOP + sorted((ROOT / "recipes").rglob("*.py")) + sorted((ROOT / "bench").rglob("*.py"))
 
 
@@ -35,7 +35,7 @@ def imported(path: Path) -> set[str]:
 
 def test_the_top_level_python_files_are_the_entry_points():
     loose = sorted(p.name for p in ROOT.glob("*.py"))
-    assert loose == ["data_io.py", "run_exp.py"], f"library modules belong in bru_kaldi/: {loose}"
+    assert loose == ["compare.py", "data_io.py", "run_exp.py"], f"library modules belong in bru_kaldi/: {loose}"
 
 
 @pytest.mark.parametrize("path", LIBRARY + MODELS + TOP, ids=lambda p: str(p.relative_to(ROOT)))
@@ -44,6 +44,7 @@ def test_dependencies_point_down(path):
     names = imported(path)
     assert "recipes" not in names
     assert "run_exp" not in names or path.name == "run_exp.py"
+    assert "compare" not in names or path.name == "compare.py"
     if path in LIBRARY:
         assert "data_io" not in names, "bru_kaldi sits under data_io, not over it"
     if path in MODELS:
@@ -78,7 +79,7 @@ def test_a_wheel_installs_the_units_for_other_projects(tmp_path):
     keep = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("models", "bru_kaldi"):
         shutil.copytree(ROOT / name, source / name, ignore=keep)
-    for name in ("pyproject.toml", "README.md", "requirements.txt", "data_io.py", "run_exp.py"):
+    for name in ("pyproject.toml", "README.md", "requirements.txt", "data_io.py", "run_exp.py", "compare.py"):
         shutil.copy(ROOT / name, source / name)
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                             "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True)

@@ -1,0 +1,134 @@
+"""The comparison table: one row per system, its seeds' errors, their mean and spread, a 95 % interval,
+and matched-pair tests against a baseline system, as text, Markdown or CSV.
+
+>>> row = Row("MINI_liBRU", "libru 2x256 uni", 540000, 8.0, 170.0, 17000.0, {"test": [30.1, 31.7]},
+...           {"test": (30.9, 29.2, 32.6)}, {})
+>>> print(markdown([row], "test"))  # doctest: +NORMALIZE_WHITESPACE
+| system | units | parameters | epochs | training | frames/s | test per seed | test mean ± sd | test 95 % interval | P(better than baseline) | matched pairs p | sign test p |
+| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |
+| MINI_liBRU | libru 2x256 uni | 0.54M | 8 | 2.8 min | 17000 | 30.10 / 31.70 | 30.90 ± 1.13 | 29.20-32.60 | | | |
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics as pystats
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from bru_kaldi.comparison import statistics
+from bru_kaldi.comparison.runs import System
+
+
+@dataclass
+class Row:
+    name: str
+    units: str
+    parameters: Optional[int]
+    epochs: Optional[float]
+    seconds: Optional[float]  # training time, mean over seeds
+    frames_per_second: Optional[float]
+    errors: dict[str, list[float]]  # set -> error rate (percent) per seed
+    intervals: dict[str, tuple[float, float, float]]  # set -> (rate, low, high), percent
+    versus: dict[str, float]  # probability_of_improvement, matched_pairs_p, sign_p (against the baseline)
+    failed: int = 0  # runs of this system without a result
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return pystats.fmean(values) if values else None
+
+
+def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str], test_set: str,
+         replications: int = statistics.REPLICATIONS) -> list[Row]:
+    """One :class:`Row` per system; ``test_set`` gets the interval and the tests against ``baseline``."""
+    names = [s.name for s in systems]
+    if baseline is not None and baseline not in names:
+        raise ValueError(f"--baseline {baseline}: no such system; the systems are {', '.join(names)}")
+    reference = next((s for s in systems if s.name == baseline), None)
+    out = []
+    for system in systems:
+        done = [r for r in system.runs if r.finished]
+        finished = System(system.name, done)
+        errors = {name: [r.errors[name] for r in done if name in r.errors] for name in sets}
+        intervals, versus = {}, {}
+        if done and all(test_set in r.errors for r in done):
+            e, n, _ = finished.errors(test_set)
+            iv = statistics.interval(e, n, replications)
+            intervals[test_set] = (100 * iv.rate, 100 * iv.low, 100 * iv.high)
+            if reference is not None and system is not reference:
+                base_runs = System(reference.name, [r for r in reference.runs if r.finished])
+                base, base_n, base_utts = base_runs.errors(test_set)
+                mine, _, utts = finished.errors(test_set)
+                common = sorted(set(base_utts) & set(utts))
+                bi = [base_utts.index(u) for u in common]
+                mi = [utts.index(u) for u in common]
+                lengths = base_n[bi]
+                versus = {
+                    "probability_of_improvement": statistics.probability_of_improvement(base[:, bi], mine[:, mi], lengths,
+                                                                                        replications),
+                    "matched_pairs_p": statistics.matched_pairs(base[:, bi], mine[:, mi]).p_value,
+                    "sign_p": statistics.sign_test(base[:, bi], mine[:, mi]).p_value,
+                }
+        out.append(Row(system.name, system.describe(), _mean([r.parameters for r in done]),
+                       _mean([len(r.epochs) for r in done]), _mean([r.training_seconds for r in done]),
+                       _mean([r.frames_per_second for r in done]), errors, intervals, versus,
+                       failed=len(system.runs) - len(done)))
+    return out
+
+
+def _cells(row: Row, sets: Sequence[str], test_set: str) -> list[str]:
+    def number(value, fmt):
+        return "" if value is None else format(value, fmt)
+
+    cells = [row.name, row.units, "" if row.parameters is None else f"{row.parameters / 1e6:.2f}M",
+             number(row.epochs, "g"), "" if row.seconds is None else f"{row.seconds / 60:.1f} min",
+             number(row.frames_per_second, ".0f")]
+    for name in sets:
+        values = row.errors.get(name, [])
+        per_seed = " / ".join(f"{v:.2f}" for v in values) + (f" ({row.failed} failed)" if row.failed else "")
+        spread = f"{pystats.fmean(values):.2f} ± {pystats.stdev(values):.2f}" if len(values) > 1 else (
+            f"{values[0]:.2f}" if values else "")
+        cells += [per_seed, spread]
+        if name == test_set:
+            iv = row.intervals.get(name)
+            cells.append(f"{iv[1]:.2f}-{iv[2]:.2f}" if iv else "")
+    v = row.versus
+    cells += [number(v.get("probability_of_improvement"), ".3f"), number(v.get("matched_pairs_p"), ".3g"),
+              number(v.get("sign_p"), ".3g")]
+    return cells
+
+
+def headers(sets: Sequence[str], test_set: str) -> list[str]:
+    names = ["system", "units", "parameters", "epochs", "training", "frames/s"]
+    for name in sets:
+        names += [f"{name} per seed", f"{name} mean ± sd"] + ([f"{name} 95 % interval"] if name == test_set else [])
+    return names + ["P(better than baseline)", "matched pairs p", "sign test p"]
+
+
+def markdown(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] = None) -> str:
+    sets = list(sets or table[0].errors)
+    head = headers(sets, test_set)
+    align = ["---", "---"] + ["---:"] * 4 + [a for name in sets for a in (["---", "---:"] + (["---:"] if name == test_set else []))]
+    align += ["---:"] * 3
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(_cells(row, sets, test_set)) + " |" for row in table]
+    return "\n".join(lines)
+
+
+def text(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] = None) -> str:
+    """An aligned plain-text table for the terminal."""
+    sets = list(sets or table[0].errors)
+    grid = [headers(sets, test_set)] + [_cells(row, sets, test_set) for row in table]
+    widths = [max(len(r[i]) for r in grid) for i in range(len(grid[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in grid)
+
+
+def csv_text(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] = None) -> str:
+    sets = list(sets or table[0].errors)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(headers(sets, test_set))
+    writer.writerows(_cells(row, sets, test_set) for row in table)
+    return buffer.getvalue()

@@ -1,0 +1,161 @@
+"""Experiment folders read back as runs, and runs grouped into systems (one config, several seeds).
+
+A run is what ``run_exp.py`` left in one experiment folder: ``config.resolved.cfg`` (what was trained),
+``res.res`` (one line per epoch, then one per decoded set), ``log.txt`` (frames per second), ``final.pt``
+(the weights, for the parameter count) and ``decode_<set>/per_utt`` (errors per utterance, for the
+tests). Runs whose resolved configs agree on everything but ``[exp] seed`` and ``[exp] out_folder``
+are the seeds of one :class:`System`.
+"""
+
+from __future__ import annotations
+
+import configparser
+import glob
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from bru_kaldi.config import RESOLVED_FROM
+
+# Options that differ between the seeds of one system (or only say where it ran).
+PER_RUN = {("exp", "seed"), ("exp", "out_folder"), ("exp", "device"), ("exp", "builtin_corpus_dir")}
+
+_EPOCH = re.compile(r"^epoch=(\d+) .*dev_err=(\S+) .*time=(\S+)s")
+_DECODED = re.compile(r"^(\S+): %WER (\S+) \[ (\d+) / (\d+),")
+_FRAMES_PER_SECOND = re.compile(r"epoch=\d+ .*\((\d+) frames/s\)")
+
+
+@dataclass
+class Run:
+    """One finished (or unfinished) experiment folder."""
+
+    folder: Path
+    source: str  # the config it was resolved from
+    seed: int
+    key: str  # what the seeds of one system share
+    architectures: list[dict]  # unit, sizes, bidirectional of each [architectureN] of the stack
+    epochs: list[dict] = field(default_factory=list)  # {"epoch", "dev_err", "seconds"}
+    errors: dict[str, float] = field(default_factory=dict)  # set -> error rate (percent), as res.res says
+    frames_per_second: Optional[float] = None
+    parameters: Optional[int] = None
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.errors)
+
+    @property
+    def training_seconds(self) -> float:
+        return sum(e["seconds"] for e in self.epochs)
+
+    def per_utterance(self, name: str) -> dict[str, tuple[int, int]]:
+        """``{utterance: (reference length, errors)}`` of decoded set ``name``."""
+        path = self.folder / f"decode_{name}" / "per_utt"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no per-utterance counts (was set {name} decoded with references?)")
+        counts = {}
+        for line in path.read_text().splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            utt, ref_len, errors, *_ = line.split()
+            counts[utt] = (int(ref_len), int(errors))
+        return counts
+
+
+def read_run(folder) -> Run:
+    """Read one experiment folder (see the module docstring); raises if it holds no resolved config."""
+    folder = Path(folder)
+    resolved = folder / "config.resolved.cfg"
+    if not resolved.is_file():
+        raise FileNotFoundError(f"{folder}: not an experiment folder (no config.resolved.cfg)")
+    text = resolved.read_text()
+    first = text.splitlines()[0] if text else ""
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.optionxform = str
+    parser.read_string(text)
+    shared = [f"[{s}] {o} = {v}" for s in parser.sections() for o, v in parser.items(s) if (s, o) not in PER_RUN]
+    source = first[len(RESOLVED_FROM):] if first.startswith(RESOLVED_FROM) else re.sub(r"_?seed\d+$", "", folder.name)
+    stack = [v.strip() for v in parser.get("model", "stack", fallback="").split(",") if v.strip()]
+    archs = {parser.get(s, "arch_name"): s for s in parser.sections() if s.startswith("architecture")}
+    architectures = [{"name": name, "unit": parser.get(archs[name], "unit"),
+                      "sizes": [int(v) for v in parser.get(archs[name], "sizes").split(",")],
+                      "bidirectional": [v.strip() == "True" for v in parser.get(archs[name], "bidirectional").split(",")]}
+                     for name in stack if name in archs]
+    run = Run(folder, source, parser.getint("exp", "seed"), hashlib.sha1("\n".join(shared).encode()).hexdigest()[:12],
+              architectures)
+    res = folder / "res.res"
+    for line in res.read_text().splitlines() if res.is_file() else []:
+        if m := _EPOCH.match(line):
+            run.epochs.append({"epoch": int(m[1]), "dev_err": float(m[2]), "seconds": float(m[3])})
+        elif m := _DECODED.match(line):
+            run.errors[m[1]] = float(m[2])
+    log = folder / "log.txt"
+    speeds = [float(m[1]) for m in map(_FRAMES_PER_SECOND.search, log.read_text().splitlines()) if m] if log.is_file() else []
+    run.frames_per_second = float(np.mean(speeds)) if speeds else None
+    final = folder / "final.pt"
+    if final.is_file():
+        import torch  # only here: reading results needs no torch otherwise
+
+        run.parameters = sum(t.numel() for t in torch.load(final, map_location="cpu", weights_only=True)["model"].values())
+    return run
+
+
+def find_runs(patterns: Sequence[str]) -> list[Run]:
+    """Every experiment folder matching ``patterns`` (folders or globs), or below them."""
+    folders = set()
+    for pattern in patterns:
+        matches = [Path(p) for p in glob.glob(str(pattern))] or [Path(pattern)]
+        for path in matches:
+            if (path / "config.resolved.cfg").is_file():
+                folders.add(path.resolve())
+            elif path.is_dir():
+                folders.update(p.parent.resolve() for p in path.rglob("config.resolved.cfg"))
+    if not folders:
+        raise FileNotFoundError(f"no experiment folder (with a config.resolved.cfg) in {' '.join(map(str, patterns))}")
+    return [read_run(folder) for folder in sorted(folders)]
+
+
+@dataclass
+class System:
+    """The runs of one config that differ only in their seed."""
+
+    name: str
+    runs: list[Run]
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.seed for r in self.runs]
+
+    def describe(self) -> str:
+        """``libru 2x256 uni + ubru 1x256 uni``."""
+        return " + ".join(f"{a['unit']} {len(a['sizes'])}x{a['sizes'][0] if len(set(a['sizes'])) == 1 else a['sizes']} "
+                          f"{'bi' if all(a['bidirectional']) else 'uni' if not any(a['bidirectional']) else 'mixed'}"
+                          for a in self.runs[0].architectures)
+
+    def errors(self, name: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """``(errors (S, N), lengths (N,), utterances)`` on set ``name``, over the utterances every seed scored."""
+        counts = [run.per_utterance(name) for run in self.runs]
+        utterances = sorted(set.intersection(*(set(c) for c in counts)))
+        if not utterances:
+            raise ValueError(f"{self.name}: its runs share no scored utterance of set {name}")
+        lengths = np.array([counts[0][u][0] for u in utterances], dtype=np.float64)
+        errors = np.array([[c[u][1] for u in utterances] for c in counts], dtype=np.float64)
+        return errors, lengths, utterances
+
+
+def group(runs: Sequence[Run]) -> list[System]:
+    """Systems in order of first appearance; two configs with the same name but different contents are
+    told apart by a suffix."""
+    systems: dict[str, System] = {}
+    names: dict[str, str] = {}
+    for run in sorted(runs, key=lambda r: (Path(r.source).stem, r.seed)):
+        if run.key not in systems:
+            base = Path(run.source).stem
+            name = base if base not in names.values() else f"{base}#{run.key[:6]}"
+            names[run.key] = name
+            systems[run.key] = System(name, [])
+        systems[run.key].runs.append(run)
+    return list(systems.values())

@@ -1,0 +1,163 @@
+"""compare.py: the statistics against hand-computed cases, the table of experiment folders, and a sweep on
+the tiny corpus that is killed and resumed."""
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import compare
+from bru_kaldi.comparison import report, statistics
+from bru_kaldi.comparison.runs import find_runs, group
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "tests" / "data" / "tiny_liBRU.cfg"
+
+
+# --------------------------------------------------------------------------- statistics, by hand
+def test_one_utterance_one_seed_has_no_spread():
+    iv = statistics.interval([[3]], [10], replications=200)
+    assert (iv.rate, iv.mean, iv.low, iv.high) == pytest.approx((0.3, 0.3, 0.3, 0.3)) and iv.half_width < 1e-12
+
+
+def test_probability_of_improvement_of_two_utterances():
+    """A: 1 error on utterance 1, 0 on 2; B: none. B is strictly better unless both draws are utterance 2:
+    P = 1 - 1/4."""
+    p = statistics.probability_of_improvement([[1, 0]], [[0, 0]], [1, 1], replications=40000)
+    assert abs(p - 0.75) < 0.01
+    assert statistics.probability_of_improvement([[1, 0]], [[1, 0]], [1, 1], replications=1000) == 0.0  # ties never count
+    assert statistics.probability_of_improvement([[0, 0]], [[1, 0]], [1, 1], replications=1000) == 0.0
+
+
+def test_two_seeds_on_one_utterance_give_the_seed_distribution():
+    """Each replicate is the mean of two seeds drawn from {0.1, 0.5}: 0.1 (1/4), 0.3 (1/2), 0.5 (1/4)."""
+    iv = statistics.interval([[1], [5]], [10], replications=40000)
+    assert iv.rate == pytest.approx(0.3)
+    assert (iv.low, iv.high) == pytest.approx((0.1, 0.5))
+    assert iv.mean == pytest.approx(0.3, abs=0.005)
+    assert iv.half_width == pytest.approx(1.96 * 0.4 / (2 * math.sqrt(2)), rel=0.02)  # sd = |0.5 - 0.1| / (2 sqrt 2)
+
+
+def test_utterance_bootstrap_agrees_with_kaldis_loop():
+    """One seed: mean and 1.96 sd of the replicates, as compute-wer-bootci computes them, from a plain loop."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(5, 30, size=40)
+    errors = rng.binomial(lengths, 0.2)
+    reps = []
+    for _ in range(20000):
+        pick = rng.integers(0, 40, size=40)
+        reps.append(errors[pick].sum() / lengths[pick].sum())
+    iv = statistics.interval([errors], lengths, replications=20000, seed=1)
+    assert iv.rate == pytest.approx(errors.sum() / lengths.sum())
+    assert iv.mean == pytest.approx(np.mean(reps), abs=0.002)
+    assert iv.half_width == pytest.approx(1.96 * np.std(reps), rel=0.05)
+
+
+def test_matched_pairs_by_hand():
+    # d = B - A = [-1, -2, 0, 1]: mean -0.5, sd sqrt(5/3), z = -0.5 / (sd / 2)
+    test = statistics.matched_pairs([[2, 3, 1, 0]], [[1, 1, 1, 1]])
+    z = -0.5 / (math.sqrt(5 / 3) / 2)
+    assert test.statistic == pytest.approx(z) and test.p_value == pytest.approx(math.erfc(abs(z) / math.sqrt(2)))
+    assert test.p_value == pytest.approx(0.4386, abs=1e-4)
+    assert statistics.matched_pairs([[1, 2]], [[1, 2]]).p_value == 1.0
+
+
+def test_sign_test_by_hand():
+    a = [[1] * 10 + [0] * 5]
+    b = [[0] * 8 + [2] * 2 + [0] * 5]  # B wins 8, loses 2, ties 5
+    test = statistics.sign_test(a, b)
+    assert (test.wins, test.losses) == (8, 2)
+    assert test.p_value == pytest.approx(2 * (1 + 10 + 45) / 1024)
+    # several seeds: the per-utterance errors are averaged first
+    assert statistics.sign_test([[1, 0], [1, 2]], [[0, 1], [0, 1]]).wins == 1
+
+
+# --------------------------------------------------------------------------- the table, from folders
+RESOLVED = """# resolved from cfg/{name}.cfg
+[exp]
+out_folder = {folder}
+seed = {seed}
+device = auto
+[architecture1]
+arch_name = rec
+unit = {unit}
+sizes = 8,8
+bidirectional = True,True
+[model]
+stack = rec
+"""
+
+
+def fake_run(folder: Path, name: str, unit: str, seed: int, errors: list[int], dev: float, test: float):
+    """An experiment folder as run_exp.py leaves it, with ``errors`` per test utterance (length 10 each)."""
+    folder.mkdir(parents=True)
+    (folder / "config.resolved.cfg").write_text(RESOLVED.format(name=name, folder=folder, seed=seed, unit=unit))
+    (folder / "res.res").write_text(
+        "epoch=001 train_loss=2.0 train_err=0.5 dev_loss=2.1 dev_err=0.6100 lr_rec=0.002 time=30.0s\n"
+        "epoch=002 train_loss=1.5 train_err=0.4 dev_loss=1.9 dev_err=0.5500 lr_rec=0.002 time=31.0s\n"
+        f"dev: %WER {dev:.2f} [ 1 / 2, 0 ins, 0 del, 1 sub ] acwt=0.2 decoder=python rtf=0.003\n"
+        f"test: %WER {test:.2f} [ 1 / 2, 0 ins, 0 del, 1 sub ] acwt=0.2 decoder=python rtf=0.003\n")
+    (folder / "log.txt").write_text("12:00:00 epoch=001 ... (1000 frames/s)\n12:00:30 epoch=002 ... (3000 frames/s)\n")
+    (folder / "decode_test").mkdir()
+    (folder / "decode_test" / "per_utt").write_text(
+        "# utt ref_len errors ins del sub\n" + "".join(f"u{i:02d} 10 {e} 0 0 {e}\n" for i, e in enumerate(errors)))
+
+
+def test_the_table_groups_seeds_and_tests_against_the_baseline(tmp_path):
+    rng = np.random.default_rng(0)
+    for seed in (1, 2, 3):
+        fake_run(tmp_path / "A" / f"seed{seed}", "MINI_A", "ligru", seed, list(rng.integers(2, 5, 30)), 30 + seed, 29 + seed)
+        fake_run(tmp_path / "B" / f"seed{seed}", "MINI_B", "libru", seed, list(rng.integers(0, 3, 30)), 20 + seed, 19 + seed)
+    systems = group(find_runs([str(tmp_path / "*")]))
+    assert [(s.name, s.seeds) for s in systems] == [("MINI_A", [1, 2, 3]), ("MINI_B", [1, 2, 3])]
+    assert systems[0].describe() == "ligru 2x8 bi"
+    rows = report.rows(systems, ["dev", "test"], "MINI_A", "test", replications=2000)
+    a, b = rows
+    assert a.errors["test"] == [30.0, 31.0, 32.0] and a.epochs == 2 and a.seconds == 61.0 and a.frames_per_second == 2000
+    assert a.versus == {} and b.versus["probability_of_improvement"] > 0.99
+    assert b.versus["matched_pairs_p"] < 1e-3 and b.versus["sign_p"] < 1e-3
+    rate, low, high = b.intervals["test"]
+    assert low < rate < high
+    text = compare.table([str(tmp_path)], baseline="MINI_A", markdown=tmp_path / "t.md", csv=tmp_path / "t.csv",
+                         plots=tmp_path / "plots", replications=500)
+    assert "30.00 / 31.00 / 32.00" in text and "31.00 ± 1.00" in text
+    assert (tmp_path / "t.md").read_text().count("\n") == 4 and "MINI_B" in (tmp_path / "t.csv").read_text()
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "dev_curves.png", "dev_curves.svg", "error_vs_cost.png", "error_vs_cost.svg", "errors.png", "errors.svg"]
+    with pytest.raises(ValueError, match="no such system"):
+        report.rows(systems, ["test"], "MINI_C", "test")
+
+
+# --------------------------------------------------------------------------- a sweep, killed and resumed
+def test_a_sweep_on_the_tiny_corpus_is_killed_and_resumes(tiny_corpus, tmp_path):
+    ligru = tmp_path / "tiny_liGRU.cfg"
+    ligru.write_text(TINY.read_text().replace("unit = libru", "unit = ligru"))
+    out = tmp_path / "sweep"
+    env = dict(os.environ, MINI_TIMIT=str(tiny_corpus.root), BRU_TEST_EXP=str(tmp_path / "unused"), OMP_NUM_THREADS="1")
+    command = [sys.executable, "compare.py", "sweep", str(TINY), str(ligru), "--seeds", "1,2", "--out", str(out),
+               "--baseline", "tiny_liBRU", "--exp,n_epochs_tr=1"]
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    done = out / "tiny_liBRU" / "seed1" / ".done" / "decode"
+    deadline = time.time() + 240
+    while not done.exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # into the second run
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert done.exists(), first.stdout.read()
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "tiny_liBRU seed 1: finished before, skipped" in again.stdout
+    assert re.search(r"\[4/4\] tiny_liGRU seed 2: done in \d+ s", again.stdout)
+    lines = {line.split()[0]: line for line in again.stdout.splitlines() if line.startswith("tiny_")}
+    assert set(lines) == {"tiny_liBRU", "tiny_liGRU"}
+    # the Li-GRU row has both seeds, an interval and the tests against the Li-BRU baseline
+    assert re.search(r"\d+\.\d\d / \d+\.\d\d .* \d+\.\d\d-\d+\.\d\d +\d\.\d{3} +\S+ +\S+$", lines["tiny_liGRU"]), lines
