@@ -38,9 +38,11 @@ Errors are :class:`KaldiIOError`, naming the file, the utterance and what was ex
 
 from __future__ import annotations
 
-import logging
 import dataclasses
+import hashlib
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 import numpy as np
@@ -61,7 +63,7 @@ __all__ = ["KaldiIOError", "FeatureStream", "LabelStream", "Dataset", "LoaderOpt
            "IGNORE", "GlobalNorm", "TransitionModel", "read_transition_model", "write_transition_model",
            "read_matrices", "read_int_vectors", "read_alignments", "alignment_files", "AlignmentStore", "ScpTable",
            "ArkWriter", "LoglikeWriter", "read_counts", "write_counts", "log_priors", "hmm_info", "label_kind",
-           "dataset_for", "loader_options"]
+           "dataset_for", "loader_options", "fingerprint"]
 
 
 # --------------------------------------------------------------------------- parameters
@@ -125,6 +127,25 @@ def dataset_for(config: Config, name: str, with_labels: bool) -> Dataset:
             raise ConfigError(f"{config.source}: dataset {name} needs a label stream {wanted!r} "
                               f"([model] senone_lab / mono_lab); it has {sorted(have)}")
     return dataclasses.replace(dataset, fea=fea, lab=[s for s in dataset.lab if s.lab_name in labels])
+
+
+def fingerprint(dataset: Dataset) -> str:
+    """A digest of what a data set's derived files (normalisation, pdf counts) are computed from: its
+    streams as configured, and the size and modification time of every file they name (feature lists,
+    the CMVN files of ``fea_opts``, each alignment folder's ``final.mdl`` and ``ali.*.gz``)."""
+    parts = [repr(dataclasses.asdict(dataset))]
+    paths = []
+    for stream in dataset.fea:
+        words = [stream.fea_lst, *stream.fea_opts.replace("=", " ").split()]
+        paths += [Path(w.split(":", 1)[-1]) for w in words if w and not w.startswith("-")]
+    for lab in dataset.lab:
+        paths.append(Path(lab.lab_folder) / "final.mdl")
+        paths += sorted(Path(lab.lab_folder).glob("ali.*.gz"))
+    for path in paths:
+        if path.is_file():
+            stat = path.stat()
+            parts.append(f"{path} {stat.st_size} {stat.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 # --------------------------------------------------------------------------- the corpus

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
+import signal
 import sys
 import time
 from contextlib import closing, nullcontext
@@ -40,16 +41,16 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from bru_kaldi import decoding
-from bru_kaldi.atomic import write_atomically
+from bru_kaldi.atomic import WriteError, write_atomically
 from bru_kaldi.builtin_corpus import BuiltinCorpusError, ensure_builtin_corpus
 from bru_kaldi.config import Config, ConfigError, parse_config, write_resolved
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters
-from bru_kaldi.training import (Progress, batch_loss, learning_rate, load_checkpoint, make_optimizer,
-                                plot_learning_curve, save_checkpoint, seed_everything, warmup)
-from data_io import (Corpus, GlobalNorm, KaldiIOError, LoglikeWriter, dataset_for, loader_options, log_priors,
-                     read_counts, write_counts)
+from bru_kaldi.training import (CheckpointError, Progress, batch_loss, learning_rate, load_checkpoint, make_optimizer,
+                                plot_learning_curve, save_checkpoint, save_tensors, seed_everything, warmup)
+from data_io import (Corpus, GlobalNorm, KaldiIOError, LoglikeWriter, dataset_for, fingerprint, loader_options,
+                     log_priors, read_counts, write_counts)
 from models.acoustic import AcousticModel
 from models.fast import native
 
@@ -74,6 +75,15 @@ def autocast(config: Config, device: torch.device):
 
 
 # --------------------------------------------------------------------------- training
+def trained_some(exp: Experiment) -> bool:
+    """Whether the folder's checkpoint has gone past the initial weights."""
+    try:
+        progress = torch.load(exp.checkpoint, map_location="cpu", weights_only=True).get("progress", {})
+    except Exception:  # missing, or unreadable: training says which when it loads it
+        return False
+    return bool(progress.get("epoch") or progress.get("chunk"))
+
+
 class Diverged(FloatingPointError):
     """A non-finite loss or gradient in training: the run rolls back to its last checkpoint."""
 
@@ -90,9 +100,19 @@ def gradient_norm(params: list, clip: float) -> float:
 def train(config: Config, exp: Experiment, device: torch.device, dist: Distributed) -> None:
     senone = config.model.senone_lab
     train_spec = dataset_for(config, config.data_use.train_with, with_labels=True)
-    if exp.norm.is_file():
+    inputs = fingerprint(train_spec)
+    derived = exp.derived_from(inputs)  # else: none yet, or computed from data that has changed since
+    if not derived and exp.norm.is_file() and trained_some(exp):
+        if not (exp.folder / "derived.json").is_file():  # a folder older than the record: as it was
+            derived = True
+        else:
+            raise ConfigError(f"{exp.folder}: the training data changed since this experiment started (its files "
+                              f"differ from those {exp.norm} was computed from); use --force to train again on them")
+    if derived:
         norm = GlobalNorm.load(exp.norm)
     else:  # statistics of the training set only; dev and test get the same ones
+        if exp.norm.is_file():
+            log.warning("%s was computed from other training data (its inputs changed): computing it again", exp.norm)
         norm = Corpus(train_spec, loader_options(config, "valid")).global_norm()
         if dist.main:
             norm.save(exp.norm)
@@ -110,6 +130,8 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
             write_counts(str(exp.counts), counts)
         lab_folder = next(s.lab_folder for s in train_spec.lab if s.lab_name == senone)
         write_atomically(exp.model, lambda tmp: shutil.copyfile(Path(lab_folder) / "final.mdl", tmp))
+        if not derived:
+            exp.record_derived(inputs)  # last: a run killed before this recomputes them all
 
     num_mono = train_set.label_dims[config.model.mono_lab] if config.model.mono_lab != "none" else None
     seed_everything(config.exp.seed)  # the initial weights
@@ -123,6 +145,8 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
     progress = load_checkpoint(exp.checkpoint, model, optimizers) or Progress()
     if progress.epoch or progress.chunk:
         log.info("resuming from %s: epoch %d, chunk %d", exp.checkpoint, progress.epoch + 1, progress.chunk + 1)
+        if dist.main and progress.history:  # a run killed between its checkpoint and res.res lost a line
+            exp.write_res(progress.history)
     net = model
     if dist.world > 1:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -226,7 +250,7 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
     if dist.main:
         final = {"model": model.state_dict(), "input_dim": train_set.feature_dim, "num_pdfs": train_set.label_dims[senone],
                  "num_mono": num_mono or 0}
-        write_atomically(exp.final, lambda tmp: torch.save(final, tmp))
+        save_tensors(final, exp.final)
         exp.mark("train")
     dist.barrier()
 
@@ -368,15 +392,17 @@ def run(argv=None) -> None:
     # in microcode: flushing them to zero halved the backward pass of a Li-GRU step (they are < 1.2e-38).
     torch.set_flush_denormal(True)
     exp = Experiment(config.exp.out_folder)
-    if args.force and dist.main and exp.folder.exists():
-        if exp.folder.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
-            raise ConfigError(f"{config.source} [exp] out_folder = {exp.folder}: --force will not delete the working directory")
-        shutil.rmtree(exp.folder)
-    dist.barrier()
-    if dist.main:
-        exp.folder.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    setup_logging(exp.folder, dist.main)
+    if args.force and exp.folder.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
+        raise ConfigError(f"{config.source} [exp] out_folder = {exp.folder}: --force will not delete the working directory")
+    with exp.lock() if dist.main else nullcontext():  # one run per folder
+        if args.force and dist.main:
+            exp.clear()
+        dist.barrier()
+        setup_logging(exp.folder, dist.main)
+        run_stages(args, config, exp, device, dist, argv)
+
+
+def run_stages(args, config: Config, exp: Experiment, device: torch.device, dist: Distributed, argv) -> None:
     log.info("%s", " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]))
     if config.exp.mixed_precision and device.type != "cuda":
         log.warning("[exp] mixed_precision is ignored on the CPU")
@@ -426,16 +452,34 @@ def run(argv=None) -> None:
     log.info("results in %s", exp.res)
 
 
+def _report(message: str) -> None:
+    if logging.getLogger().handlers:  # also in log.txt
+        log.error("%s", message)
+    else:
+        print(f"run_exp.py: {message}", file=sys.stderr)
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv=None) -> int:
+    # SIGTERM (a scheduler's, or kill's) stops the run as Ctrl-C does: between writes, never inside one
+    # (every file is written atomically), with a message saying how to resume.
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         run(argv)
-    except (ConfigError, KaldiIOError, FileNotFoundError, FloatingPointError, BuiltinCorpusError,
-            decoding.DecodeInputError, decoding.KaldiDecodeError) as error:
-        if logging.getLogger().handlers:  # also in log.txt
-            log.error("error: %s", error)
-        else:
-            print(f"run_exp.py: error: {error}", file=sys.stderr)
+    except (ConfigError, KaldiIOError, FileNotFoundError, FloatingPointError, BuiltinCorpusError, CheckpointError,
+            WriteError, decoding.DecodeInputError, decoding.KaldiDecodeError) as error:
+        _report(f"error: {error}")
         return 1
+    except KeyboardInterrupt as interrupt:
+        name = str(interrupt) or "SIGINT"
+        _report(f"stopped by {name}: every file written so far is complete, and the training resumes from its last "
+                "checkpoint (at most one chunk is lost); run the same command again to go on")
+        return 128 + (signal.SIGTERM if name == "SIGTERM" else signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 

@@ -18,9 +18,10 @@ In the order a run uses them (``run_exp.py``), each module one job:
 ``decoding/``              log-likelihoods to words: one utterance, whole sets, the Python decoder,
                            the Kaldi-script path
 ``scoring``                WER/PER as Kaldi's ``compute-wer``, corpus filters, per-utterance counts
+``comparison/``            ``compare.py``'s sweeps over seeds, statistics, tables and figures
 ``atomic``                 the one way files are written: whole or not at all
 =========================  =========================================================================
 
-Dependencies point down: ``run_exp.py`` -> ``data_io.py`` -> this package; ``models/`` stands alone and
+Dependencies point down: ``run_exp.py`` (and ``compare.py``) -> ``data_io.py`` -> this package; ``models/`` stands alone and
 only ``network`` imports it; nothing here imports a recipe or reads ``data_io``.
 """

@@ -4,7 +4,8 @@ A file is written under a temporary name in its own folder (``.NAME.tmp.PID``: h
 such as ``lat.*.gz`` never picks it up, and per process, so that two writers never share one), flushed
 to disk, and moved into place with ``os.replace``, which is atomic on POSIX file systems. A reader, or
 a run resumed after a kill, therefore sees the old file or the new one, never half of one; a write
-that fails (an exception, a full disk) leaves the old file untouched and removes its temporary.
+that fails (an exception, a full disk) leaves the old file untouched, removes its temporary, and
+raises :class:`WriteError` naming the file (and saying so when the disk was full).
 
 >>> import tempfile, pathlib
 >>> path = pathlib.Path(tempfile.mkdtemp()) / "res.res"
@@ -15,10 +16,33 @@ that fails (an exception, a full disk) leaves the old file untouched and removes
 
 from __future__ import annotations
 
+import errno
 import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
+
+# What a write that ran out of room fails with: a full disk, a quota, a file-size limit.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class WriteError(OSError):
+    """A file could not be written; the message names it, says why, and that the old file is intact.
+
+    ``no_room`` is true when the disk (or a quota or size limit) was full: the run can go on once
+    space is freed.
+    """
+
+    def __init__(self, path: Path, cause: BaseException):
+        code = getattr(cause, "errno", None)
+        self.no_room = code in NO_ROOM
+        why = getattr(cause, "strerror", None) or str(cause)
+        if self.no_room:
+            why = (f"no room left ({why}): the disk holding {Path(path).parent} is full or a size limit was "
+                   f"reached; free space and run the same command again")
+        super().__init__(code or errno.EIO, f"cannot write {path}: {why}; the previous {Path(path).name}, if any, "
+                                            "is intact")
+        self.path = Path(path)
 
 
 def temporary_name(path: Path) -> Path:
@@ -44,13 +68,18 @@ def atomic_path(path, sync: bool = True) -> Iterator[Path]:
     that are cheap to redo).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
     try:
-        yield tmp
-        if sync:
-            _sync(tmp)
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            yield tmp
+            if sync:
+                _sync(tmp)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as error:
+            if isinstance(error, WriteError):
+                raise
+            raise WriteError(path, error) from error
     finally:
         tmp.unlink(missing_ok=True)
 

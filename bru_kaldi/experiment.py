@@ -9,6 +9,7 @@
   final.pt              the trained weights    feature_norm.npz, pdf_counts, final.mdl: what forward needs
   forward_<set>/        loglikes.ark, loglikes.scp     decode_<set>/   hypotheses, per-utterance counts
   .done/<stage>         a stage's marker, written after all its outputs
+  .lock                 held by the run using the folder (a second run is refused)
 
 >>> import tempfile
 >>> exp = Experiment(tempfile.mkdtemp())
@@ -19,8 +20,13 @@
 from __future__ import annotations
 
 import configparser
+import fcntl
+import json
+import os
+import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from bru_kaldi.atomic import write_text_atomically
 from bru_kaldi.config import ConfigError, option_default
@@ -38,6 +44,54 @@ class Experiment:
         self.norm = self.folder / "feature_norm.npz"
         self.counts = self.folder / "pdf_counts"
         self.model = self.folder / "final.mdl"
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the folder for this run: a second run on the same folder is refused, not interleaved.
+
+        The lock is an ``flock`` on ``.lock``, which the kernel releases when its holder exits or is
+        killed, so a crashed run never leaves the folder locked.
+        """
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / ".lock"
+        with open(path, "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                owner = handle.read().strip() or "another process"
+                raise ConfigError(f"{self.folder} is in use by {owner}: two runs would write the same files; wait for "
+                                  "it to finish, or give this run another [exp] out_folder") from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"process {os.getpid()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})")
+            handle.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def clear(self) -> None:
+        """Remove every output (``--force``), keeping the lock file this run holds."""
+        import shutil
+
+        for path in self.folder.iterdir():
+            if path.name != ".lock":
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+    def derived_from(self, inputs: str) -> bool:
+        """Whether the derived files (``feature_norm.npz``, ``pdf_counts``, ``final.mdl``) were computed from
+        ``inputs`` (a fingerprint of the training data): ``derived.json`` records it, written after them."""
+        manifest = self.folder / "derived.json"
+        if not manifest.is_file() or not self.norm.is_file():
+            return False
+        try:
+            return json.loads(manifest.read_text()).get("inputs") == inputs
+        except ValueError:
+            return False
+
+    def record_derived(self, inputs: str) -> None:
+        write_text_atomically(self.folder / "derived.json", json.dumps({"inputs": inputs}) + "\n")
 
     def done(self, stage: str) -> bool:
         return (self.folder / ".done" / stage).is_file()

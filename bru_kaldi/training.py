@@ -7,6 +7,7 @@ Everything that changes between epochs is a pure function of the config and the 
 
 from __future__ import annotations
 
+import io
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,6 +178,15 @@ class Progress:
                 "step": self.step, "rollbacks": [list(r) for r in self.rollbacks]}
 
 
+def save_tensors(obj, path) -> None:
+    """``torch.save`` of ``obj`` to ``path``, atomically. Serialised in memory first, then written by
+    Python: a full disk is then an ``OSError`` with its errno (torch's own writer reports it as an
+    unexplained position mismatch)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_atomically(path, lambda tmp: tmp.write_bytes(buffer.getbuffer()))
+
+
 def save_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer], progress: Progress,
                     config_text: str) -> None:
     """Write a checkpoint atomically: a temporary file in the same folder, then ``os.replace``."""
@@ -186,7 +196,11 @@ def save_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.opt
         "progress": progress.as_dict(),
         "config": config_text,
     }
-    write_atomically(path, lambda tmp: torch.save(state, tmp))
+    save_tensors(state, path)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message names the file and what to do."""
 
 
 def load_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> Optional[Progress]:
@@ -194,13 +208,19 @@ def load_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.opt
     path = Path(path)
     if not path.is_file():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:  # weights only: a pickle planted in an experiment folder is refused, never run
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        progress = state["progress"]
+    except Exception as error:
+        raise CheckpointError(f"{path} cannot be read as a checkpoint of this toolkit ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else ''}); it was damaged or not written by "
+                              "run_exp.py: move it away to train from the start (or use --force)") from None
     model.load_state_dict(state["model"])
     if len(state["optimizers"]) != len(optimizers):
-        raise ValueError(f"{path}: {len(state['optimizers'])} optimiser states saved, the config has {len(optimizers)}")
+        raise CheckpointError(f"{path}: {len(state['optimizers'])} optimiser states saved, the config has {len(optimizers)}")
     for optimizer, saved in zip(optimizers, state["optimizers"]):
         optimizer.load_state_dict(saved)
-    p = state["progress"]
+    p = progress
     return Progress(p["epoch"], p["chunk"], list(p["history"]), [tuple(s) for s in p["chunk_stats"]],
                     p.get("step", 0), [tuple(r) for r in p.get("rollbacks", [])])
 

@@ -28,7 +28,7 @@ from typing import IO, Iterable, Iterator, Optional
 import kaldiio
 import numpy as np
 
-from bru_kaldi.atomic import temporary_name, write_text_atomically
+from bru_kaldi.atomic import WriteError, temporary_name, write_text_atomically
 from bru_kaldi.kaldi.rspecifiers import KaldiIOError, Pipe, Rspecifier, parse_rspecifier, read_records
 
 __all__ = ["KaldiIOError", "Rspecifier", "parse_rspecifier", "check_matrix", "read_matrices", "ScpTable",
@@ -370,18 +370,25 @@ class ArkWriter:
             raise KaldiIOError(f"{self.ark_path}: utterance {key!r} must be a (frames, dims) matrix, "
                                f"got shape {matrix.shape}")
         self._keys.add(key)
-        self._ark.write(key.encode() + b" ")
-        offset = self._ark.tell()
-        # Kaldi binary matrix: "\0B", token "FM ", then rows and cols as size-prefixed int32
-        self._ark.write(b"\0BFM " + struct.pack("<bibi", 4, matrix.shape[0], 4, matrix.shape[1]))
-        self._ark.write(matrix.tobytes())
-        if self._scp:
-            self._scp.write(f"{key} {self.ark_path}:{offset}\n")
+        try:
+            self._ark.write(key.encode() + b" ")
+            offset = self._ark.tell()
+            # Kaldi binary matrix: "\0B", token "FM ", then rows and cols as size-prefixed int32
+            self._ark.write(b"\0BFM " + struct.pack("<bibi", 4, matrix.shape[0], 4, matrix.shape[1]))
+            self._ark.write(matrix.tobytes())
+            if self._scp:
+                self._scp.write(f"{key} {self.ark_path}:{offset}\n")
+        except OSError as error:  # a full disk: the archive was never complete, and is not left behind
+            self._discard()
+            raise WriteError(self.ark_path, error) from error
 
     def _discard(self) -> None:
         for handle, path in ((self._ark, self.ark_path), (self._scp, self.scp_path)):
             if handle is not None:
-                handle.close()
+                try:
+                    handle.close()
+                except OSError:  # its buffer could not be flushed: the file is removed anyway
+                    pass
             if path is not None and temporary_name(path).exists():
                 temporary_name(path).unlink()
         self._ark = self._scp = None
@@ -390,12 +397,16 @@ class ArkWriter:
         if exc_type is not None:
             self._discard()
             return
-        for handle in (self._ark, self._scp):
-            if handle is not None:
-                handle.flush()
-                os.fsync(handle.fileno())
-                handle.close()
-        os.replace(temporary_name(self.ark_path), self.ark_path)
-        if self.scp_path:
-            os.replace(temporary_name(self.scp_path), self.scp_path)
+        try:
+            for handle in (self._ark, self._scp):
+                if handle is not None:
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                    handle.close()
+            os.replace(temporary_name(self.ark_path), self.ark_path)
+            if self.scp_path:
+                os.replace(temporary_name(self.scp_path), self.scp_path)
+        except OSError as error:
+            self._discard()
+            raise WriteError(self.ark_path, error) from error
         self._ark = self._scp = None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import logging
 import os
@@ -123,16 +124,30 @@ def build_lock(directory: str, wait_note_seconds: float = 2.0):
 
 
 def load(verbose: bool = False):
-    """Builds (first time) and loads the extension; returns ``torch.ops.bru_kaldi``. Raises on failure."""
-    if "ops" not in _loaded:
-        from torch.utils import cpp_extension
+    """Builds (first time) and loads the extension; returns ``torch.ops.bru_kaldi``. Raises on failure.
 
+    A finished build leaves a ``built`` marker naming its library: later runs load that library
+    directly, without the lock or the compiler (many runs can start at once, also where the disk is
+    full). A build killed before its marker is redone.
+    """
+    if "ops" not in _loaded:
         name, flags = build_flags()
         directory = build_directory(name, flags)
+        marker = os.path.join(directory, "built")
         start = time.perf_counter()
-        with build_lock(directory):
-            cpp_extension.load(name, [SOURCE], extra_cflags=flags, extra_ldflags=["-fopenmp"], is_python_module=False,
-                               build_directory=directory, verbose=verbose)
+        if not os.path.isfile(marker):
+            with build_lock(directory):
+                if not os.path.isfile(marker):  # else another process finished it while we waited
+                    from torch.utils import cpp_extension
+
+                    cpp_extension.load(name, [SOURCE], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                                       is_python_module=False, build_directory=directory, verbose=verbose)
+                    library = max(glob.glob(os.path.join(directory, "*.so")), key=os.path.getmtime)
+                    with open(marker + ".tmp", "w") as f:
+                        f.write(os.path.basename(library))
+                    os.replace(marker + ".tmp", marker)
+        with open(marker) as f:
+            torch.ops.load_library(os.path.join(directory, f.read().strip()))
         _loaded["ops"] = torch.ops.bru_kaldi
         logging.getLogger(__name__).info("C++ kernels %s ready in %.1f s (built on first use into %s, then cached)",
                                          name, time.perf_counter() - start, directory)
