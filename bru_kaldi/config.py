@@ -170,7 +170,9 @@ class Architecture:
     opt_alpha: float = 0.95  # rmsprop
     opt_eps: float = 1e-8
     opt_centered: bool = False
-    opt_bias_correction: bool = False  # rmsprop: square average / (1 - alpha^t), so the first steps are ~lr
+    # rmsprop: square average / (1 - alpha^t), so that the first steps are ~lr, not lr / sqrt(1 - alpha);
+    # without it some seeds of the MINI configs blew up in their first steps (cfg/README.md)
+    opt_bias_correction: bool = True
     opt_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # adam
     opt_rho: float = 0.9  # adadelta
     opt_nesterov: bool = False
@@ -467,16 +469,25 @@ def validate(config: Config) -> None:
 
 # --------------------------------------------------------------------------- writing
 RESOLVED_FROM = "# resolved from "
+# Options whose default changed: what a resolved config written before they existed meant by leaving
+# them out (plain RMSprop), so that resuming such a folder under the new default is seen as a change.
+LEGACY_DEFAULTS = {("architecture", "opt_bias_correction"): "False"}
 
 
 def option_default(section: str, option: str) -> Optional[str]:
-    """The default of ``[section] option`` as :func:`write_resolved` writes it (``architecture2`` is an
-    ``[architectureN]``), or None for an option the schema does not have.
+    """What a resolved config that does not list ``[section] option`` meant by it: its default as
+    :func:`write_resolved` writes it (``architecture2`` is an ``[architectureN]``), the old default
+    of an option whose default changed (:data:`LEGACY_DEFAULTS`), or None for an option the schema
+    does not have.
 
     >>> option_default("architecture2", "arch_warmup_steps"), option_default("exp", "nothing")
     ('0', None)
+    >>> option_default("architecture1", "opt_bias_correction")  # plain RMSprop, before it existed
+    'False'
     """
     base = re.sub(r"\d+$", "", section)
+    if (base, option) in LEGACY_DEFAULTS:
+        return LEGACY_DEFAULTS[(base, option)]
     cls = SINGLE_SECTIONS.get(section) or {"architecture": Architecture, "dataset": Dataset}.get(base)
     fields = {f.name: f for f in dataclasses.fields(cls)} if cls else {}
     if option not in fields or option in ("fea", "lab"):

@@ -130,13 +130,13 @@ def test_a_nan_gradient_with_a_finite_loss_is_caught_before_the_step(tiny_run, m
 
 def test_the_warmup_raises_the_rate_step_by_step_and_survives_a_resume(tiny_run, monkeypatch):
     rates = []
-    original = torch.optim.RMSprop.step
+    original = BiasCorrectedRMSprop.step  # the tiny config's RMSprop, bias-corrected by default
 
     def step(self, *args, **kwargs):
         rates.append(self.param_groups[0]["lr"])
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(torch.optim.RMSprop, "step", step)
+    monkeypatch.setattr(BiasCorrectedRMSprop, "step", step)
     code, exp_dir, log = tiny_run("--architecture1,arch_warmup_steps=5", "--exp,n_epochs_tr=1")
     assert code == 0, log
     expected = [0.004 * warmup(i, 5) for i in range(len(rates))]
