@@ -12,6 +12,10 @@ raises :class:`WriteError` naming the file (and saying so when the disk was full
 >>> write_text_atomically(path, "epoch=001\\n")
 >>> path.read_text(), sorted(p.name for p in path.parent.iterdir())
 ('epoch=001\\n', ['res.res'])
+>>> import errno, pickle
+>>> error = pickle.loads(pickle.dumps(WriteError(path, OSError(errno.ENOSPC, "No space left on device"))))
+>>> error.no_room, error.errno == errno.ENOSPC, str(error).startswith(f"[Errno 28] cannot write {path}: no room left")
+(True, True, True)
 """
 
 from __future__ import annotations
@@ -44,6 +48,17 @@ class WriteError(OSError):
                                             "is intact")
         self.path = Path(path)
 
+    def __reduce__(self):
+        # as it was, across processes (a pool worker's error reaches the parent by pickle)
+        return _rebuilt_write_error, (str(self.path), self.errno, self.strerror, self.no_room)
+
+
+def _rebuilt_write_error(path: str, code: int, message: str, no_room: bool) -> WriteError:
+    error = WriteError.__new__(WriteError)
+    OSError.__init__(error, code, message)
+    error.path, error.no_room = Path(path), no_room
+    return error
+
 
 def temporary_name(path: Path) -> Path:
     """The temporary file beside ``path`` that this process writes before moving it into place."""
@@ -70,15 +85,23 @@ def atomic_path(path, sync: bool = True) -> Iterator[Path]:
     path = Path(path)
     tmp = temporary_name(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise WriteError(path, error) from error
+    try:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             yield tmp
+        except OSError as error:
+            # the writing failed (the temporary could not be opened, or no room was left); an error
+            # of something the caller read on the way (a missing input) goes on as it is
+            if isinstance(error, WriteError) or not (error.errno in NO_ROOM or error.filename in (str(tmp), tmp)):
+                raise
+            raise WriteError(path, error) from error
+        try:
             if sync:
                 _sync(tmp)
             os.replace(tmp, path)
-        except (OSError, RuntimeError) as error:
-            if isinstance(error, WriteError):
-                raise
+        except OSError as error:
             raise WriteError(path, error) from error
     finally:
         tmp.unlink(missing_ok=True)

@@ -4,7 +4,7 @@
 exists in ``[exp] builtin_corpus_dir`` before anything reads it. The library knows the recipe only by
 this contract, which is also what a user types by hand::
 
-    bash recipes/mini_timit/run.sh --size SIZE --seed SEED ROOT
+    bash recipes/mini_timit/run.sh [--task words] --size SIZE --seed SEED ROOT
 
 ``run.sh`` builds the stages that are missing into ``ROOT/data`` and ``ROOT/exp``, returns at once when
 all are complete, refuses a ``ROOT`` built with another size or seed, and exits non-zero on any
@@ -21,6 +21,7 @@ from typing import Callable
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "mini_timit"
 SIZES = ("default", "tiny")
+TASKS = ("phones", "words")  # a TIMIT-like phone task, and a WSJ-like word task on the same audio
 _STAGE_START = re.compile(r"\) Stage (?P<number>\d+): (?P<name>\w+)$")
 
 
@@ -29,15 +30,20 @@ class BuiltinCorpusError(RuntimeError):
 
 
 def ensure_builtin_corpus(root, size: str = "default", seed: int = 1, log: Callable[[str], None] = print,
-                          recipe: Path = RECIPE) -> Path:
+                          recipe: Path = RECIPE, task: str = "phones") -> Path:
     """Build what is missing of the built-in corpus under ``root`` with ``recipe/run.sh``; returns ``root``.
 
-    Every line the recipe prints reaches ``log`` as it comes (a first build takes about a minute).
+    ``task`` is ``phones`` (the default) or ``words`` (``run.sh --task words``: the word task's stages,
+    after the shared ones). Every line the recipe prints reaches ``log`` as it comes (a first build
+    takes about a minute, the word task about 90 s more).
     """
     if size not in SIZES:
         raise ValueError(f"the built-in corpus has sizes {', '.join(SIZES)}, got {size!r}")
+    if task not in TASKS:
+        raise ValueError(f"the built-in corpus has tasks {', '.join(TASKS)}, got {task!r}")
     root = Path(root)
-    command = ["bash", str(recipe / "run.sh"), "--size", size, "--seed", str(seed), str(root)]
+    command = ["bash", str(recipe / "run.sh"), *(["--task", task] if task != "phones" else []), "--size", size,
+               "--seed", str(seed), str(root)]
     lines: list[str] = []
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with process.stdout:

@@ -18,22 +18,36 @@ from pathlib import Path
 from typing import Callable
 
 from bru_kaldi.builtin_corpus import ensure_builtin_corpus
-from recipes.mini_timit.local.layout import SIZES, SPLITS
+from recipes.mini_timit.local.layout import LMS, SIZES, SPLITS, TASKS
 
 RECIPE_DIR = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """Paths of a built corpus, in the layout of a Kaldi TIMIT experiment."""
+    """Paths of a built corpus: a Kaldi TIMIT experiment (task ``phones``) or a WSJ-like one (``words``).
+
+    Both tasks share the audio and the features; ``task`` picks the data dirs, lang, model,
+    alignments and graph: ``data/<split>`` or ``data/<split>_words``, ``exp/mono`` or
+    ``exp/mono_words``, ``exp/mono/graph`` or ``exp/mono_words/graph_tg``.
+    """
 
     root: Path
+    task: str = "phones"
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
+
+    @property
+    def _suffix(self) -> str:
+        return "" if self.task == "phones" else "_words"
 
     def data(self, split: str) -> Path:
-        """``data/<split>``: wav.scp, text, utt2spk, spk2utt, feats.scp, cmvn.scp, ..."""
+        """``data/<split>`` (``data/<split>_words``): wav.scp, text, utt2spk, spk2utt, feats.scp, cmvn.scp, ..."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        return self.root / "data" / split
+        return self.root / "data" / f"{split}{self._suffix}"
 
     def feats(self, split: str, kind: str = "fbank") -> Path:
         """feats.scp of ``split``: 40-dim ``fbank`` (``feats.scp``) or 13-dim ``mfcc`` (``feats_mfcc.scp``)."""
@@ -44,37 +58,52 @@ class Corpus:
         return self.data(split) / {"fbank": "cmvn.scp", "mfcc": "cmvn_mfcc.scp"}[kind]
 
     def ali(self, split: str) -> Path:
-        """``exp/mono_ali_<split>``: ali.N.gz (transition-ids), num_jobs, final.mdl, tree."""
+        """``exp/mono_ali_<split>`` (``exp/mono_words_ali_<split>``): ali.N.gz, num_jobs, final.mdl, tree."""
         self.data(split)
-        return self.root / "exp" / f"mono_ali_{split}"
+        return self.root / "exp" / f"mono{self._suffix}_ali_{split}"
 
     @property
     def lang(self) -> Path:
-        return self.root / "data" / "lang"
+        """``data/lang`` (``data/lang_words``: no G.fst; see :meth:`lang_test`)."""
+        return self.root / "data" / f"lang{self._suffix}"
+
+    def lang_test(self, lm: str = "tg") -> Path:
+        """Word task: ``data/lang_words_test_<lm>``, the lang dir with the LM's G.fst (``lm``: tg or tgpr)."""
+        if self.task != "words" or lm not in LMS:
+            raise ValueError(f"lang_test is the word task's, with lm one of {LMS}; got task {self.task!r}, lm {lm!r}")
+        return self.root / "data" / f"lang_words_test_{lm}"
 
     @property
     def model(self) -> Path:
-        """``exp/mono/final.mdl`` (Kaldi binary TransitionModel)."""
-        return self.root / "exp" / "mono" / "final.mdl"
+        """``exp/mono/final.mdl`` (``exp/mono_words/final.mdl``): Kaldi binary TransitionModel."""
+        return self.root / "exp" / f"mono{self._suffix}" / "final.mdl"
 
     @property
     def graph(self) -> Path:
-        """``exp/mono/graph``: HCLG.fst, words.txt, phones.txt, phones/."""
-        return self.root / "exp" / "mono" / "graph"
+        """``exp/mono/graph`` (``exp/mono_words/graph_tg``): HCLG.fst, words.txt, phones.txt, phones/."""
+        return self.root / "exp" / "mono" / "graph" if self.task == "phones" else self.lm_graph("tg")
+
+    def lm_graph(self, lm: str) -> Path:
+        """Word task: ``exp/mono_words/graph_<lm>`` (``lm``: tg or tgpr)."""
+        self.lang_test(lm)
+        return self.root / "exp" / "mono_words" / f"graph_{lm}"
 
 
 def ensure_corpus(root: str | Path = RECIPE_DIR, size: str = "default", seed: int = 1,
-                  log: Callable[[str], None] = print) -> Corpus:
+                  log: Callable[[str], None] = print, task: str = "phones") -> Corpus:
     """Build the built-in corpus under ``root`` unless it is complete; return its paths.
 
     ``size`` is ``"default"`` (about an hour of training speech) or ``"tiny"`` (for tests);
     ``seed`` fixes every random choice (the same seed gives byte-identical archives). A corpus
     built with another size or seed is an error, never silently reused. This is ``run.sh``, run
     through the library's hook (``bru_kaldi.builtin_corpus``), as ``run_exp.py`` runs it; ``log``
-    receives its output line by line.
+    receives its output line by line. ``task="words"`` builds the word task (``run.sh --task
+    words``): the shared stages first where they are missing.
     """
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
     root = Path(root).resolve()
-    ensure_builtin_corpus(root, size, seed, log, recipe=RECIPE_DIR)
-    return Corpus(root)
+    ensure_builtin_corpus(root, size, seed, log, recipe=RECIPE_DIR, task=task)
+    return Corpus(root, task)

@@ -4,18 +4,27 @@
 #   0 prepare_text   speakers (espeak-ng voices) and sentences (wonderwords word lists)
 #   1 synthesize     espeak-ng speech, 16 kHz, channel/reverb/noise; wav.scp text utt2spk spk2utt
 #   2 make_features  40-dim fbank (feats.scp) and 13-dim MFCC (feats_mfcc.scp), per-speaker CMVN
+# --task phones (TIMIT-like, the default):
 #   3 prepare_lang   data/lang (phones.txt words.txt topo L.fst) and a phone bigram G.fst
 #   4 make_mono      exp/mono/{final.mdl,tree}, exp/mono_ali_{train,dev,test}/ali.N.gz
 #   5 make_graph     exp/mono/graph/HCLG.fst (as utils/mkgraph.sh)
 #   6 check          every table reads back, alignments fit the features, oracle decode PER < 1 %
+# --task words (WSJ-like, on the same audio and features):
+#   3 prepare_lang_words  data/{train,dev,test}_words, lexicon, data/lang_words, trigram LMs tg and tgpr,
+#                         data/lang_words_test_{tg,tgpr}/G.fst
+#   4 make_mono_words     exp/mono_words/{final.mdl,tree}, exp/mono_words_ali_{train,dev,test}/ali.N.gz
+#   5 make_graph_words    exp/mono_words/graph_{tg,tgpr}/HCLG.fst
+#   6 check_words         every table reads back, alignments spell the words, oracle decode WER < 2 %
 #
-# A stage whose outputs are complete is skipped; running a stage again invalidates the later ones.
+# A stage whose outputs are complete is skipped; running a stage again invalidates the later ones
+# (a shared stage 0-2: those of both tasks).
 
 # Begin configuration section.
 stage=0
 stop_stage=6
 size=default    # default: ~1 hour of training speech; tiny: for tests
 seed=1
+task=phones     # phones: phone recognition (TIMIT-like); words: word recognition (WSJ-like)
 # End configuration section.
 
 set -euo pipefail
@@ -25,8 +34,10 @@ usage() {
   cat >&2 <<USAGE
 Usage: $0 [options] [<root>]
  e.g.: $0 --size tiny --stage 0 --stop-stage 6 /tmp/mini_timit
-<root> holds data/ and exp/ (default: the folder of this script).
+       $0 --task words --size tiny /tmp/mini_timit
+<root> holds data/ and exp/ (default: the folder of this script); both tasks can live in it.
 Options (defaults in brackets):
+  --task T         [$task]  phones or words (stages 0-2 are shared, 3-6 are the task's)
   --stage N        [$stage]     first stage to run (0-6)
   --stop-stage N   [$stop_stage]     last stage to run (0-6)
   --size S         [$size]  default or tiny
@@ -41,6 +52,7 @@ while [ $# -gt 0 ]; do
     --stop-stage) stop_stage=${2:?}; shift 2 ;;
     --size) size=${2:?}; shift 2 ;;
     --seed) seed=${2:?}; shift 2 ;;
+    --task) task=${2:?}; shift 2 ;;
     --help|-h) usage ;;
     --*) echo "$0: Error: unknown option $1" >&2; usage ;;
     *) break ;;
@@ -50,6 +62,11 @@ done
 case "$stage$stop_stage" in *[!0-9]*|'') echo "$0: Error: --stage and --stop-stage take integers" >&2; usage ;; esac
 case "$seed" in *[!0-9]*|'') echo "$0: Error: --seed takes a non-negative integer" >&2; usage ;; esac
 case "$size" in default|tiny) ;; *) echo "$0: Error: --size is default or tiny, not $size" >&2; usage ;; esac
+case "$task" in
+  phones) stages=(prepare_text synthesize make_features prepare_lang make_mono make_graph check) ;;
+  words) stages=(prepare_text synthesize make_features prepare_lang_words make_mono_words make_graph_words check_words) ;;
+  *) echo "$0: Error: --task is phones or words, not $task" >&2; usage ;;
+esac
 
 recipe_dir=$(cd "$(dirname "$0")" && pwd)
 repo_root=$(cd "$recipe_dir/../.." && pwd)
@@ -66,10 +83,10 @@ log() {
 # Complete stages are skipped here, quietly, without starting their modules (each stage module would
 # also skip itself); a corpus built with another size or seed stops the recipe with the reason.
 first=$(cd "$repo_root" && PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}" \
-  "$python" -m recipes.mini_timit.local.layout --size "$size" --seed "$seed" "$root")
+  "$python" -m recipes.mini_timit.local.layout --task "$task" --size "$size" --seed "$seed" "$root")
 if [ "$first" -gt "$stage" ]; then
   if [ "$first" -gt "$stop_stage" ]; then
-    log "Stages $stage-$stop_stage are complete in $root (size $size, seed $seed): nothing to do"
+    log "Stages $stage-$stop_stage are complete in $root (task $task, size $size, seed $seed): nothing to do"
   else
     log "Stages $stage-$((first - 1)) are complete in $root: starting at stage $first"
   fi
@@ -90,11 +107,12 @@ run_stage() {
   fi
 }
 
-run_stage 0 prepare_text
-run_stage 1 synthesize
-run_stage 2 make_features
-run_stage 3 prepare_lang
-run_stage 4 make_mono
-run_stage 5 make_graph
-run_stage 6 check
-[ "$stop_stage" -lt 6 ] || log "Done: $root (oracle PER in $root/exp/mono/decode_oracle_test/per.txt)"
+for n in "${!stages[@]}"; do
+  run_stage "$n" "${stages[$n]}"
+done
+if [ "$stop_stage" -ge 6 ]; then
+  case "$task" in
+    phones) log "Done: $root (oracle PER in $root/exp/mono/decode_oracle_test/per.txt)" ;;
+    words) log "Done: $root (oracle WER in $root/exp/mono_words/decode_oracle_test/wer.txt)" ;;
+  esac
+fi

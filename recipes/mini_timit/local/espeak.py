@@ -28,6 +28,7 @@ _POS_CHARACTER = 1
 _CHARS_UTF8 = 1
 _RATE, _PITCH, _RANGE, _WORDGAP = 1, 3, 4, 7
 SAMPLE_RATE = 22050  # espeak-ng's fixed output rate (checked at initialisation)
+_PHONEME_SEPARATOR = "|"  # between the phonemes of a word in espeak_TextToPhonemes output (not a mnemonic)
 
 
 class _EventId(ctypes.Union):
@@ -81,6 +82,7 @@ class Espeak:
         )
         if rate != SAMPLE_RATE:
             raise RuntimeError(f"espeak_Initialize({data!r}) returned {rate}, expected the sample rate {SAMPLE_RATE}")
+        self._phonemizing_voice: str | None = None  # the voice phonemize() last set
         self._chunks: list[np.ndarray] = []
         self._events: list[tuple[str, int]] = []
         self._callback = _CALLBACK(self._on_audio)  # kept referenced: espeak calls it later
@@ -105,6 +107,7 @@ class Espeak:
         words per minute (80-450), ``pitch`` and ``pitch_range`` are 0-100, ``word_gap`` is extra
         pause between words in units of 10 ms.
         """
+        self._phonemizing_voice = None
         if self._lib.espeak_SetVoiceByName(voice.encode()) != 0:
             raise ValueError(f"espeak-ng has no voice {voice!r}")
         for parameter, value in ((_RATE, rate), (_PITCH, pitch), (_RANGE, pitch_range), (_WORDGAP, word_gap)):
@@ -119,3 +122,29 @@ class Espeak:
         if not self._chunks:
             raise RuntimeError(f"espeak-ng produced no audio for {text!r} ({voice})")
         return np.concatenate(self._chunks), self._events
+
+    def phonemize(self, text: str, voice: str) -> list[list[str]]:
+        """The phoneme mnemonics espeak-ng would speak for ``text``, one list per phonetic word.
+
+        No audio is made (``espeak_TextToPhonemes``, clause by clause). A phonetic word is mostly one
+        written word, but espeak-ng joins some pairs of function words (``with the``) into one.
+        Stress marks stay on their vowels (``'aI``); pauses are ``_`` mnemonics.
+
+        >>> Espeak.shared().phonemize("A cat, sir.", "en-us")
+        [['a#'], ['k', "'a", 't'], ['s', ',3:']]
+        """
+        if voice != self._phonemizing_voice:  # switching voices costs more than phonemizing a word
+            if self._lib.espeak_SetVoiceByName(voice.encode()) != 0:
+                raise ValueError(f"espeak-ng has no voice {voice!r}")
+            self._phonemizing_voice = voice
+        convert = self._lib.espeak_TextToPhonemes
+        convert.restype = ctypes.c_char_p
+        convert.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
+        buffer = ctypes.create_string_buffer(text.encode("utf-8"))
+        pointer = ctypes.c_void_p(ctypes.addressof(buffer))  # advanced by espeak-ng clause by clause
+        words = []
+        while pointer.value:
+            # phoneme mode: ASCII mnemonics with "|" between phonemes (bits 8-23: the separator)
+            clause = convert(ctypes.byref(pointer), _CHARS_UTF8, ord(_PHONEME_SEPARATOR) << 8)
+            words += [[p for p in word.split(_PHONEME_SEPARATOR) if p] for word in (clause or b"").decode().split()]
+        return [w for w in words if w]

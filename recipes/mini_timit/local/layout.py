@@ -5,6 +5,11 @@ seed as asked for. The marker is written last, after every output is in place, s
 leaves a stage looking complete; a stage that runs first removes its own marker and those of all
 later stages, whose inputs it is about to replace. Every file is written under a temporary name and
 moved into place with ``os.replace``.
+
+Two tasks share one corpus (:data:`TASKS`): ``phones`` (TIMIT-like) and ``words`` (WSJ-like). Stages
+0-2 (text, speech, features) are shared; stages 3-6 of the word task have their own modules and
+markers (``data/.done/3w.prepare_lang_words`` ...), so both tasks live side by side in one root. A
+shared stage that runs removes the later markers of both tasks.
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ from bru_kaldi.atomic import write_text_atomically as atomic_write_text
 
 SPLITS = ("train", "dev", "test")
 STAGES = ("prepare_text", "synthesize", "make_features", "prepare_lang", "make_mono", "make_graph", "check")
+SHARED = 3  # stages 0-2 make the audio and the features that both tasks use
+TASKS = {
+    "phones": STAGES,
+    "words": STAGES[:SHARED] + ("prepare_lang_words", "make_mono_words", "make_graph_words", "check_words"),
+}
+_MARKER_SUFFIX = {"phones": "", "words": "w"}  # 3w.prepare_lang_words: the word task's own stage 3
+LMS = ("tg", "tgpr")  # the word task's LMs, named as WSJ's: a trigram and its pruned version
 
 
 @dataclass(frozen=True)
@@ -41,14 +53,22 @@ SIZES = {
 }
 
 
-def stage_marker(root: Path, stage: int) -> Path:
-    """The completion marker of stage ``stage`` (an index into :data:`STAGES`)."""
-    return Path(root) / "data" / ".done" / f"{stage}.{STAGES[stage]}"
+def check_task(task: str) -> tuple[str, ...]:
+    """The stage names of ``task``; raises ValueError for an unknown task."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
+    return TASKS[task]
 
 
-def stage_is_complete(root: Path, stage: int, size: str, seed: int) -> bool:
+def stage_marker(root: Path, stage: int, task: str = "phones") -> Path:
+    """The completion marker of stage ``stage`` (an index into ``TASKS[task]``); shared stages have one."""
+    suffix = _MARKER_SUFFIX[task] if stage >= SHARED else ""
+    return Path(root) / "data" / ".done" / f"{stage}{suffix}.{check_task(task)[stage]}"
+
+
+def stage_is_complete(root: Path, stage: int, size: str, seed: int, task: str = "phones") -> bool:
     """True when the stage's marker exists; raises if it was built with another size or seed."""
-    marker = stage_marker(root, stage)
+    marker = stage_marker(root, stage, task)
     if not marker.is_file():
         return False
     built = json.loads(marker.read_text())
@@ -60,12 +80,12 @@ def stage_is_complete(root: Path, stage: int, size: str, seed: int) -> bool:
     return True
 
 
-def first_incomplete(root: Path, size: str, seed: int) -> int:
-    """The first stage that is not complete (``len(STAGES)`` when all are); raises on another size or seed."""
-    for stage in range(len(STAGES)):
-        if not stage_is_complete(root, stage, size, seed):
+def first_incomplete(root: Path, size: str, seed: int, task: str = "phones") -> int:
+    """The first stage of ``task`` that is not complete (7 when all are); raises on another size or seed."""
+    for stage in range(len(check_task(task))):
+        if not stage_is_complete(root, stage, size, seed, task):
             return stage
-    return len(STAGES)
+    return len(TASKS[task])
 
 
 def write_table(path: Path, rows: dict[str, str]) -> None:
@@ -84,13 +104,14 @@ def read_table(path: Path) -> dict[str, str]:
     return rows
 
 
-def stage_args(stage: int, description: str) -> argparse.Namespace:
+def stage_args(stage: int, description: str, task: str = "phones") -> argparse.Namespace:
     """Parse the command line every stage shares: ``[--size S] [--seed N] <root>``."""
+    name = check_task(task)[stage]
     parser = argparse.ArgumentParser(
-        prog=f"python -m recipes.mini_timit.local.{STAGES[stage]}",
+        prog=f"python -m recipes.mini_timit.local.{name}",
         description=description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog=f"e.g.: python -m recipes.mini_timit.local.{STAGES[stage]} --size tiny --seed 1 recipes/mini_timit",
+        epilog=f"e.g.: python -m recipes.mini_timit.local.{name} --size tiny --seed 1 recipes/mini_timit",
     )
     parser.add_argument("--size", choices=sorted(SIZES), default="default", help="corpus size")
     parser.add_argument("--seed", type=int, default=1, help="seed of every random choice")
@@ -99,35 +120,42 @@ def stage_args(stage: int, description: str) -> argparse.Namespace:
 
 
 @contextmanager
-def run_stage(root: Path, stage: int, size: str, seed: int, inputs: tuple[int, ...] = ()) -> Iterator[bool]:
+def run_stage(root: Path, stage: int, size: str, seed: int, inputs: tuple[int, ...] = (),
+              task: str = "phones") -> Iterator[bool]:
     """Run a stage unless complete: yields False to skip, True to run; writes the marker on success.
 
-    ``inputs`` are the stages whose outputs this one reads: each must be complete first.
+    ``inputs`` are the stages (of ``task``) whose outputs this one reads: each must be complete first.
     """
     root = Path(root)
-    if stage_is_complete(root, stage, size, seed):
-        print(f"{STAGES[stage]}: complete, skipping ({stage_marker(root, stage)})", file=sys.stderr)
+    names = check_task(task)
+    if stage_is_complete(root, stage, size, seed, task):
+        print(f"{names[stage]}: complete, skipping ({stage_marker(root, stage, task)})", file=sys.stderr)
         yield False
         return
     for needed in inputs:
-        if not stage_is_complete(root, needed, size, seed):
-            raise RuntimeError(f"stage {STAGES[stage]} needs stage {needed} ({STAGES[needed]}) to be complete in {root}")
-    for later in range(stage, len(STAGES)):  # their inputs are about to change
-        stage_marker(root, later).unlink(missing_ok=True)
+        if not stage_is_complete(root, needed, size, seed, task):
+            raise RuntimeError(f"stage {names[stage]} needs stage {needed} ({names[needed]}) to be complete in {root}")
+    # the later stages' inputs are about to change: of this task, and of every task for a shared stage
+    for other in (TASKS if stage < SHARED else (task,)):
+        for later in range(stage, len(TASKS[other])):
+            stage_marker(root, later, other).unlink(missing_ok=True)
     start = time.time()
     yield True
-    marker = stage_marker(root, stage)
+    marker = stage_marker(root, stage, task)
     atomic_write_text(marker, json.dumps({"size": size, "seed": seed, **asdict(SIZES[size])}) + "\n")
-    print(f"{STAGES[stage]}: done in {time.time() - start:.1f} s", file=sys.stderr)
+    print(f"{names[stage]}: done in {time.time() - start:.1f} s", file=sys.stderr)
 
 
 if __name__ == "__main__":  # run.sh asks which stage to start from: prints its number (7 when all are complete)
-    arguments = argparse.ArgumentParser(description="the first incomplete stage of a built-in corpus")
+    arguments = argparse.ArgumentParser(description="the first incomplete stage of a built-in corpus",
+                                        epilog="e.g.: python -m recipes.mini_timit.local.layout --task words "
+                                               "--size tiny --seed 1 /tmp/mini_timit")
+    arguments.add_argument("--task", choices=sorted(TASKS), default="phones")
     arguments.add_argument("--size", choices=sorted(SIZES), default="default")
     arguments.add_argument("--seed", type=int, default=1)
     arguments.add_argument("root", type=Path)
     args = arguments.parse_args()
     try:
-        print(first_incomplete(args.root, args.size, args.seed))
+        print(first_incomplete(args.root, args.size, args.seed, args.task))
     except RuntimeError as error:  # built with another size or seed
         sys.exit(f"{error}")

@@ -21,6 +21,8 @@ phone. Pauses (``_``, ``_:``, ``_!``, ...) become ``sil``.
 from __future__ import annotations
 
 SIL = "sil"
+# the vowels among them (er included): what a post-vocalic l or r follows (lexicon variants)
+VOWELS = frozenset("iy ih eh ae ah uw uh aa ey ay oy aw ow er".split())
 
 # TIMIT's 39 scoring phones, sorted as Kaldi's TIMIT phones.txt lists them.
 PHONES = tuple(sorted(
