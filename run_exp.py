@@ -410,8 +410,10 @@ def run_stages(args, config: Config, exp: Experiment, device: torch.device, dist
         native.native_ops(torch.zeros(1))
 
     if config.exp.builtin_corpus != "none" and dist.main:
-        log.info("built-in corpus (%s) in %s", config.exp.builtin_corpus, config.exp.builtin_corpus_dir)
-        ensure_builtin_corpus(config.exp.builtin_corpus_dir, size=config.exp.builtin_corpus, seed=1, log=log.info)
+        log.info("built-in corpus (%s, %s task) in %s", config.exp.builtin_corpus, config.exp.builtin_corpus_task,
+                 config.exp.builtin_corpus_dir)
+        ensure_builtin_corpus(config.exp.builtin_corpus_dir, size=config.exp.builtin_corpus, seed=1, log=log.info,
+                              task=config.exp.builtin_corpus_task)
     dist.barrier()
 
     model_dir = Path(args.model) if args.model else exp.folder

@@ -56,6 +56,7 @@ from typing import Optional, Sequence
 
 from bru_kaldi.atomic import write_text_atomically
 from bru_kaldi.builtin_corpus import SIZES as BUILTIN_SIZES
+from bru_kaldi.builtin_corpus import TASKS as BUILTIN_TASKS
 from bru_kaldi.feature_transforms import parse_fea_opts
 from bru_kaldi.scoring import SCORINGS
 
@@ -86,6 +87,7 @@ class Exp:
     mixed_precision: bool = False  # bf16/fp16 autocast, CUDA only
     builtin_corpus: str = choice("none", *BUILTIN_SIZES, default="none")  # build the built-in corpus if missing
     builtin_corpus_dir: str = "recipes/mini_timit"
+    builtin_corpus_task: str = choice(*BUILTIN_TASKS, default="phones")  # phones (TIMIT-like) or words (WSJ-like)
 
 
 @dataclass
@@ -206,6 +208,8 @@ class Decoding:
     latbeam: float = 8.0
     acwt: float = 0.2
     acwt_sweep: list[float] = field(default_factory=list)  # scales tried on dev; empty: acwt alone
+    # word insertion penalties tried on dev with each scale (the Python decoder; Kaldi's score.sh has its own grid)
+    wip_sweep: list[float] = field(default_factory=lambda: [0.0])
     num_jobs: int = 0  # 0: one per CPU core
 
 

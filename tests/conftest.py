@@ -16,3 +16,13 @@ def tiny_corpus(tmp_path_factory):
     from recipes.mini_timit.corpus import ensure_corpus
 
     return ensure_corpus(tmp_path_factory.mktemp("mini_timit"), size="tiny", seed=TINY_SEED, log=lambda line: None)
+
+
+@pytest.fixture(scope="session")
+def tiny_words(tmp_path_factory):
+    """The built-in corpus at its tiny size with its word task (``run.sh --task words``), seed 1: a
+    ``Corpus`` whose paths are the word task's (``.data(split)`` is ``data/<split>_words`` ...)."""
+    from recipes.mini_timit.corpus import ensure_corpus
+
+    return ensure_corpus(tmp_path_factory.mktemp("mini_timit_words"), size="tiny", seed=TINY_SEED, task="words",
+                         log=lambda line: None)

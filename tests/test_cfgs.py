@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CFG_DIR = ROOT / "cfg"
 CFGS = sorted(CFG_DIR.glob("*.cfg"))
 MINI = [p for p in CFGS if p.name.startswith("MINI_")]
+MINIW = [p for p in CFGS if p.name.startswith("MINIW_")]  # the word task of the built-in corpus
 FBANK_DIM = 40  # the built-in corpus's features (and the 40-dim fMLLR of the Kaldi recipes)
-SCORING = {"MINI": "timit", "TIMIT": "timit", "WSJ": "wsj", "AMI": "ami"}
+SCORING = {"MINI": "timit", "MINIW": "wsj", "TIMIT": "timit", "WSJ": "wsj", "AMI": "ami"}
 
 # Kaldi recipe name -> the tiny corpus's equivalent, per variable (cfg/README.md lists the Kaldi steps).
 SPLITS = ("train", "dev", "test")
@@ -59,8 +60,12 @@ def kaldi_view(tiny_corpus, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(autouse=True)
-def environment(monkeypatch, tiny_corpus, kaldi_view):
-    monkeypatch.setenv("MINI_TIMIT", str(tiny_corpus.root))
+def environment(monkeypatch, request, tiny_corpus, kaldi_view):
+    path = getattr(request.node, "callspec", None) and request.node.callspec.params.get("path")
+    if path in MINIW:  # the word task's cfgs: the tiny corpus with its word task
+        monkeypatch.setenv("MINI_TIMIT", str(request.getfixturevalue("tiny_words").root))
+    else:
+        monkeypatch.setenv("MINI_TIMIT", str(tiny_corpus.root))
     for variable, folder in kaldi_view.items():
         monkeypatch.setenv(variable, str(folder))
     for variable in DEFAULTED:
@@ -101,8 +106,9 @@ def test_cfg_parses_and_validates(path):
     assert cfg.decoding.decoder == "auto" and len(cfg.decoding.acwt_sweep) >= 4
     use = cfg.data_use
     assert use.valid_with in use.forward_with and len(use.forward_with) == 2  # dev tunes the scale applied to test
-    if path in MINI:
+    if path in MINI + MINIW:
         assert (cfg.exp.builtin_corpus, cfg.exp.builtin_corpus_dir) == ("default", os.environ["MINI_TIMIT"])
+        assert cfg.exp.builtin_corpus_task == ("words" if path in MINIW else "phones")
         assert cfg.exp.n_epochs_tr <= 10
     else:
         assert cfg.exp.builtin_corpus == "none" and cfg.exp.n_epochs_tr == 24  # as the papers

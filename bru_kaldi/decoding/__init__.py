@@ -2,7 +2,8 @@
 
 ========================  ====================================================================
 ``utterance``             one utterance, without Kaldi: :func:`decode` (kaldi-hmm-gmm's FasterDecoder
-                          through HCLG.fst), :class:`DecoderOptions`
+                          through HCLG.fst), :class:`DecoderOptions`, word insertion penalties
+``ctm``                   word timings of a best path (``lattice-align-words``, ``nbest-to-ctm``)
 ``sets``                  whole sets: :class:`DecodeJob`, the input checks, the reports
                           (:class:`SetResult`, the line ``res.res`` keeps)
 ``python_decoder``        the sets with the decoder above, in parallel over utterances
@@ -27,11 +28,12 @@ from bru_kaldi.decoding.sets import (GRAPHS, DecodeInputError, DecodeJob, GraphM
                                      KaldiNotFoundError, MissingInputError, SetResult, check_graph, clear_outputs,
                                      prepare, read_words)
 from bru_kaldi.decoding.utterance import (DecodeResult, DecoderOptions, NoPathError, decode, linear_loop_graph,
-                                          load_graph, transition_loglikes)
+                                          load_graph, transition_loglikes, with_word_penalty)
 
 __all__ = ["decode_sets", "DecodeJob", "SetResult", "DecodeInputError", "GraphMismatchError", "MissingInputError",
            "KaldiNotFoundError", "KaldiDecodeError", "NoPathError", "DecoderOptions", "DecodeResult", "decode",
-           "load_graph", "linear_loop_graph", "transition_loglikes", "read_words", "check_graph", "choose_decoder",
+           "load_graph", "linear_loop_graph", "transition_loglikes", "with_word_penalty", "read_words", "check_graph",
+           "choose_decoder",
            "KALDI_BINARIES"]
 
 

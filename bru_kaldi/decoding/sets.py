@@ -21,6 +21,7 @@ import numpy as np
 
 from bru_kaldi import scoring
 from bru_kaldi.atomic import write_text_atomically
+from bru_kaldi.decoding.ctm import ctm_lines, read_word_boundary
 from bru_kaldi.decoding.utterance import load_graph
 from bru_kaldi.kaldi.tables import KaldiIOError, ScpTable
 from bru_kaldi.kaldi.transition_model import read_transition_model
@@ -173,9 +174,10 @@ class Prepared:
         return sum(self.frames.values()) * FRAME_SHIFT
 
 
-# Per process: graph_key -> (graph, tid2pdf, num_pdfs). Filled by the parent before the worker
-# pool forks (the children inherit it), or by _init_worker where processes are spawned.
-GRAPHS: dict[tuple[str, str], tuple[Optional[kaldifst.StdVectorFst], np.ndarray, int]] = {}
+# Per process: graph_key (HCLG.fst, final.mdl) -> (graph, tid2pdf, num_pdfs); graph_key + (penalty,) ->
+# the same with a word insertion penalty on the graph. Filled by the parent before the worker pool forks
+# (the children inherit it), or by python_decoder.init_worker where processes are spawned.
+GRAPHS: dict[tuple, tuple[Optional[kaldifst.StdVectorFst], np.ndarray, int]] = {}
 
 
 def _load_model_and_graph(job: DecodeJob, words: dict[int, str], with_graph: bool) -> tuple[str, str]:
@@ -225,8 +227,8 @@ def clear_outputs(out_dir: Path) -> None:
     """Remove what an earlier decode wrote here, so that a crash now cannot leave old results looking new."""
     shutil.rmtree(out_dir / "scoring", ignore_errors=True)
     # old lattices too: score.sh reads every lat.*.gz, and an earlier run may have had more jobs
-    for path in [out_dir / "text", out_dir / "per_utt", out_dir / "num_jobs", *out_dir.glob("wer_*"),
-                 *out_dir.glob("lat.*.gz")]:
+    for path in [out_dir / "text", out_dir / "per_utt", out_dir / "num_jobs", out_dir / "best_wer", out_dir / "ctm",
+                 *out_dir.glob("wer_*"), *out_dir.glob("lat.*.gz")]:
         path.unlink(missing_ok=True)
 
 
@@ -240,8 +242,9 @@ class Pass:
     failed: dict[str, str]  # utterance -> why
     partial: list[str]
     score: Optional[scoring.Score]
-    value: object = None  # the setting itself: a scale, or (LMWT, WIP)
+    value: object = None  # the setting itself: (scale, penalty), or (LMWT, WIP)
     order: tuple = ()  # ties on errors go to the smallest (see decode_sets)
+    alignments: dict[str, list[int]] = field(default_factory=dict)  # utterance -> its best path's transition-ids
 
 
 
@@ -251,8 +254,29 @@ def pass_line(name: str, run: Pass) -> str:
     return f"{name} {run.setting}: {what} failed={len(run.failed)} partial={len(run.partial)}"
 
 
+def setting_stem(run: Pass) -> str:
+    return run.setting.replace("=", "_").replace(" ", "_")  # acwt=0.15 wip=0.5 -> acwt_0.15_wip_0.5
+
+
+def write_ctm(p: Prepared, chosen: Pass, say: Callable[[str], None]) -> None:
+    """``ctm``: word timings of the chosen setting's best paths, where the graph has word boundaries."""
+    boundary = read_word_boundary(p.job.graph_dir)
+    if boundary is None:
+        return
+    model = read_transition_model(p.job.model)
+    lines, skipped = [], []
+    for utt in sorted(chosen.alignments):
+        try:
+            lines += ctm_lines(utt, chosen.alignments[utt], chosen.hyps[utt], model, boundary)
+        except ValueError as error:
+            skipped.append(f"{utt} ({error})")
+    if skipped:
+        say(f"{p.job.name}: no word timings for {len(skipped)} utterance(s): {', '.join(skipped[:3])}")
+    write_text_atomically(p.job.out_dir / "ctm", "".join(f"{line}\n" for line in lines))
+
+
 def write_pass(out_dir: Path, run: Pass) -> None:
-    stem = run.setting.replace("=", "_").replace(" ", "_")  # acwt=0.15 -> scoring/acwt_0.15.txt
+    stem = setting_stem(run)
     scoring.write_text(run.hyps, out_dir / "scoring" / f"{stem}.txt")
     if run.score is not None:
         scoring.write_per_utterance(run.score, out_dir / "scoring" / f"{stem}.per_utt")
@@ -298,6 +322,11 @@ def finish(p: Prepared, chosen: Pass, passes: Sequence[Pass], seconds: float, de
     scoring.write_text(chosen.hyps, out_dir / "text")
     if chosen.score is not None:
         scoring.write_per_utterance(chosen.score, out_dir / "per_utt")
+        # Kaldi's scoring leaves the best line where scripts look for it (score_kaldi_wer.sh, check_res_dec.sh)
+        write_text_atomically(out_dir / "best_wer", f"{chosen.score.total.kaldi_line()} "
+                                                    f"scoring/{setting_stem(chosen)}.txt\n")
+    if chosen.alignments:
+        write_ctm(p, chosen, say)
     say(f"{result.res_line()} ({len(p.frames)} utterances, {audio:.1f} s of audio, {seconds:.1f} s for "
         f"{decode_passes} pass(es); {note})")
     write_text_atomically(out_dir / "log" / "decode.log", "".join(f"{line}\n" for line in lines))

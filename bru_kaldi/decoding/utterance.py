@@ -118,3 +118,27 @@ def linear_loop_graph(num_transition_ids: int) -> kaldifst.StdVectorFst:
     for tid in range(1, num_transition_ids + 1):
         fst.add_arc(state=state, arc=kaldifst.StdArc(tid, tid, 0.0, state))
     return fst
+
+
+def with_word_penalty(graph: kaldifst.StdVectorFst, penalty: float) -> kaldifst.StdVectorFst:
+    """A copy of ``graph`` whose word-emitting arcs (output label not epsilon) cost ``penalty`` more.
+
+    This is Kaldi's word insertion penalty (``lattice-add-penalty``), applied to the graph instead of a
+    lattice: every word of a path costs ``penalty`` more, so a larger one means fewer, longer words.
+    The copy is built arc by arc (kaldifst has no mutable arc iterator): about 5 s for 2.6 M arcs.
+    """
+    out = kaldifst.StdVectorFst()
+    out.reserve_states(graph.num_states)
+    for _ in range(graph.num_states):
+        out.add_state()
+    out.start = graph.start
+    zero = float("inf")  # the tropical semiring's zero: not final
+    for state in range(graph.num_states):
+        final = graph.final(state)
+        if final.value != zero:
+            out.set_final(state=state, weight=final)
+        for arc in kaldifst.ArcIterator(graph, state):
+            if arc.olabel:
+                arc = kaldifst.StdArc(arc.ilabel, arc.olabel, arc.weight.value + penalty, arc.nextstate)
+            out.add_arc(state=state, arc=arc)
+    return out
