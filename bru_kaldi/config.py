@@ -279,17 +279,21 @@ def _unknown(what: str, name: str, known: Sequence[str], where: str) -> ConfigEr
     return ConfigError(f"{where}: unknown {what} {name!r}{hint}; accepted: {', '.join(sorted(known))}")
 
 
-def _fill(cls, options: dict, where: str):
+def _fill(cls, options: dict, where: str, problems: list[str]):
+    """``cls`` from its options; every unknown option or bad value goes to ``problems`` (and keeps its default)."""
     known = {f.name: f for f in dataclasses.fields(cls)}
     values = {}
     for name, text in options.items():
-        if name not in known:
-            raise _unknown("option", name, known, where)
-        values[name] = _convert(cls, known[name], text, f"{where} option {name}")
+        try:
+            if name not in known:
+                raise _unknown("option", name, known, where)
+            values[name] = _convert(cls, known[name], text, f"{where} option {name}")
+        except ConfigError as error:
+            problems.append(str(error))
     return cls(**values)
 
 
-def _streams(cls, block: str, key: str, where: str) -> list:
+def _streams(cls, block: str, key: str, where: str, problems: list[str]) -> list:
     """Split a multi-line ``fea=`` / ``lab=`` block into one dataclass per stream."""
     streams, current = [], None
     for number, line in enumerate(block.strip().splitlines(), 1):
@@ -297,15 +301,17 @@ def _streams(cls, block: str, key: str, where: str) -> list:
         if not line:
             continue
         if "=" not in line:
-            raise ConfigError(f"{where}: line {number} of the block is {line!r}; expected name=value")
+            problems.append(f"{where}: line {number} of the block is {line!r}; expected name=value")
+            continue
         name, value = (s.strip() for s in line.split("=", 1))
         if name == key:
             current = {}
             streams.append(current)
         elif current is None:
-            raise ConfigError(f"{where}: each stream must start with {key}=, got {name}= first")
+            problems.append(f"{where}: each stream must start with {key}=, got {name}= first")
+            continue
         current[name] = value
-    return [_fill(cls, s, f"{where} ({key}={s[key]})") for s in streams]
+    return [_fill(cls, s, f"{where} ({key}={s[key]})", problems) for s in streams]
 
 
 # --------------------------------------------------------------------------- parsing
@@ -353,18 +359,24 @@ def parse_overrides(arguments: Sequence[str]) -> list[tuple[str, str, str]]:
 
 
 def parse_config_text(text: str, overrides: Sequence[tuple[str, str, str]] = (), source: str = "<string>") -> Config:
-    """Parse INI text (and overrides) into a validated :class:`Config`."""
+    """Parse INI text (and overrides) into a validated :class:`Config`.
+
+    Every problem of the config is reported at once: a :class:`ConfigError` lists them all, each naming
+    its section and option (only a config the INI reader cannot read at all stops at its first error).
+    """
     parser = configparser.ConfigParser(interpolation=None, inline_comment_prefixes=("#", ";"))
     parser.optionxform = str  # option names are case-sensitive, as in pytorch-kaldi
     try:
         parser.read_string(text, source=source)
     except configparser.Error as error:
         raise ConfigError(f"{source}: {error}") from None
+    problems: list[str] = []
     for section, option, value in overrides:
         if not parser.has_section(section) and section in SINGLE_SECTIONS:
             parser.add_section(section)  # a section left to its defaults can still be overridden
         if not parser.has_section(section):
-            raise _unknown("section", section, parser.sections(), f"override --{section},{option}")
+            problems.append(str(_unknown("section", section, parser.sections(), f"override --{section},{option}")))
+            continue
         parser.set(section, option, value)
 
     sections = {}
@@ -372,11 +384,17 @@ def parse_config_text(text: str, overrides: Sequence[tuple[str, str, str]] = (),
         base = re.sub(r"\d+$", "", section)
         if section not in SINGLE_SECTIONS and not (base in NUMBERED and base != section):
             known = list(SINGLE_SECTIONS) + [f"{n}N" for n in NUMBERED]
-            raise _unknown("section", section, known, source)
-        sections[section] = {k: _expand(v, f"{source} [{section}] {k}") for k, v in parser.items(section)}
+            problems.append(str(_unknown("section", section, known, source)))
+            continue
+        sections[section] = {}
+        for key, value in parser.items(section):
+            try:
+                sections[section][key] = _expand(value, f"{source} [{section}] {key}")
+            except ConfigError as error:
+                problems.append(str(error))
 
     def single(name):
-        return _fill(SINGLE_SECTIONS[name], sections.get(name, {}), f"{source} [{name}]")
+        return _fill(SINGLE_SECTIONS[name], sections.get(name, {}), f"{source} [{name}]", problems)
 
     def numbered(base):
         names = sorted((s for s in sections if re.fullmatch(base + r"\d+", s)), key=lambda s: int(s[len(base):]))
@@ -385,19 +403,28 @@ def parse_config_text(text: str, overrides: Sequence[tuple[str, str, str]] = (),
     datasets = []
     for name, options in numbered("dataset"):
         where = f"{source} [{name}]"
-        fea = _streams(FeatureStream, options.pop("fea", ""), "fea_name", f"{where} fea")
-        lab = _streams(LabelStream, options.pop("lab", ""), "lab_name", f"{where} lab")
-        dataset = _fill(Dataset, options, where)
+        fea = _streams(FeatureStream, options.pop("fea", ""), "fea_name", f"{where} fea", problems)
+        lab = _streams(LabelStream, options.pop("lab", ""), "lab_name", f"{where} lab", problems)
+        dataset = _fill(Dataset, options, where, problems)
         dataset.fea, dataset.lab = fea, lab
         datasets.append(dataset)
-    architectures = [_fill(Architecture, o, f"{source} [{n}]") for n, o in numbered("architecture")]
+    architectures = [_fill(Architecture, o, f"{source} [{n}]", problems) for n, o in numbered("architecture")]
     config = Config(
         exp=single("exp"), datasets=datasets, data_use=single("data_use"), batches=single("batches"),
         architectures=architectures, model=single("model"), forward=single("forward"),
         decoding=single("decoding"), source=source,
     )
-    validate(config)
+    validate(config, problems)
+    raise_problems(problems, source)
     return config
+
+
+def raise_problems(problems: Sequence[str], source: str) -> None:
+    """One :class:`ConfigError` for every problem found (nothing when there is none)."""
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{source}: {len(problems)} problems:\n  " + "\n  ".join(problems))
 
 
 def parse_config(path, overrides: Sequence[str] = ()) -> Config:
@@ -409,66 +436,78 @@ def parse_config(path, overrides: Sequence[str] = ()) -> Config:
 
 
 # --------------------------------------------------------------------------- cross-section checks
-def validate(config: Config) -> None:
-    """Checks that span options and sections.
+def validate(config: Config, problems: Optional[list[str]] = None) -> None:
+    """Checks that span options and sections; each problem found goes to ``problems`` (raised at once,
+    all of them, when it is None).
 
     What a unit accepts (its name, its options, per-layer lists of the right length, norm names) is
     checked by the models themselves, where the model is built (``bru_kaldi.network``), so that
     reading a config needs neither torch nor ``models``.
     """
+    found: list[str] = [] if problems is None else problems
+    add = found.append
     src = config.source
     if not config.exp.out_folder:
-        raise ConfigError(f"{src} [exp] out_folder: required (the experiment folder)")
+        add(f"{src} [exp] out_folder: required (the experiment folder)")
+    if config.exp.n_epochs_tr < 1:
+        add(f"{src} [exp] n_epochs_tr: expected at least 1 epoch, got {config.exp.n_epochs_tr}")
     names = [d.data_name for d in config.datasets]
     if not config.datasets:
-        raise ConfigError(f"{src}: at least one [datasetN] section is required")
+        add(f"{src}: at least one [datasetN] section is required")
     for d in config.datasets:
         if not d.data_name or not d.fea:
-            raise ConfigError(f"{src}: every [datasetN] needs data_name and at least one fea stream")
+            add(f"{src}: every [datasetN] needs data_name and at least one fea stream")
         if d.n_chunks < 1:
-            raise ConfigError(f"{src} dataset {d.data_name} n_chunks: expected a positive integer, got {d.n_chunks}")
+            add(f"{src} dataset {d.data_name} n_chunks: expected a positive integer, got {d.n_chunks}")
         for stream in d.fea:  # here, not when the chunk is loaded minutes later
             try:
                 parse_fea_opts(stream.fea_opts)
             except ValueError as error:
-                raise ConfigError(f"{src} dataset {d.data_name} stream {stream.fea_name}: {error}") from None
+                add(f"{src} dataset {d.data_name} stream {stream.fea_name}: {error}")
     b = config.batches
+    for option in ("batch_size_train", "batch_size_valid"):
+        if getattr(b, option) < 1:
+            add(f"{src} [batches] {option}: expected at least 1, got {getattr(b, option)}")
     if not 0.0 <= b.max_missing_fraction <= 1.0:
-        raise ConfigError(f"{src} [batches] max_missing_fraction: expected a fraction in [0, 1], got {b.max_missing_fraction}")
+        add(f"{src} [batches] max_missing_fraction: expected a fraction in [0, 1], got {b.max_missing_fraction}")
     if b.length_tolerance < 0:
-        raise ConfigError(f"{src} [batches] length_tolerance: expected frames >= 0, got {b.length_tolerance}")
+        add(f"{src} [batches] length_tolerance: expected frames >= 0, got {b.length_tolerance}")
     use = config.data_use
     for option, value in (("train_with", use.train_with), ("valid_with", use.valid_with), *(("forward_with", v) for v in use.forward_with)):
         if value not in names:
-            raise _unknown(f"dataset for {option}", value, names, f"{src} [data_use]")
+            add(str(_unknown(f"dataset for {option}", value, names, f"{src} [data_use]")))
     arch_names = [a.arch_name for a in config.architectures]
     for a in config.architectures:
         where = f"{src} [architecture arch_name={a.arch_name}]"
         if not a.sizes or min(a.sizes) < 1:
-            raise ConfigError(f"{where} sizes: expected positive layer sizes, got {a.sizes}")
+            add(f"{where} sizes: expected positive layer sizes, got {a.sizes}")
         if not a.arch_lr > 0:
-            raise ConfigError(f"{where} arch_lr: expected a positive learning rate, got {a.arch_lr}")
+            add(f"{where} arch_lr: expected a positive learning rate, got {a.arch_lr}")
         if a.arch_warmup_steps < 0:
-            raise ConfigError(f"{where} arch_warmup_steps: expected steps >= 0, got {a.arch_warmup_steps}")
+            add(f"{where} arch_warmup_steps: expected steps >= 0, got {a.arch_warmup_steps}")
+        if not 0 < a.arch_halving_factor <= 1:
+            add(f"{where} arch_halving_factor: expected a factor in (0, 1], got {a.arch_halving_factor}")
     if not config.model.stack:
-        raise ConfigError(f"{src} [model] stack: name the architectures to stack, input first (arch_name values)")
+        add(f"{src} [model] stack: name the architectures to stack, input first (arch_name values)")
     for name in config.model.stack:
         if name not in arch_names:
-            raise _unknown("architecture in stack", name, arch_names, f"{src} [model]")
+            add(str(_unknown("architecture in stack", name, arch_names, f"{src} [model]")))
     fea_names = {s.fea_name for d in config.datasets for s in d.fea}
     for name in config.model.inputs:
         if name not in fea_names:
-            raise _unknown("feature stream in inputs", name, fea_names, f"{src} [model]")
+            add(str(_unknown("feature stream in inputs", name, fea_names, f"{src} [model]")))
     if config.forward.normalize_posteriors and config.forward.normalize_with_counts_from != config.model.senone_lab:
-        raise ConfigError(f"{src} [forward] normalize_with_counts_from: the priors divide the senone posteriors, so it must "
-                          f"name [model] senone_lab = {config.model.senone_lab!r}, got {config.forward.normalize_with_counts_from!r}")
+        add(f"{src} [forward] normalize_with_counts_from: the priors divide the senone posteriors, so it must "
+            f"name [model] senone_lab = {config.model.senone_lab!r}, got {config.forward.normalize_with_counts_from!r}")
     lab_names = {s.lab_name for d in config.datasets for s in d.lab}
     for option in ("senone_lab", "mono_lab"):
         value = getattr(config.model, option)
         if option == "mono_lab" and value == "none":
             continue
         if lab_names and value not in lab_names:
-            raise _unknown(f"label stream for {option}", value, lab_names, f"{src} [model]")
+            add(str(_unknown(f"label stream for {option}", value, lab_names, f"{src} [model]")))
+    if problems is None:
+        raise_problems(found, src)
 
 
 # --------------------------------------------------------------------------- writing

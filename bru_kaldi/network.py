@@ -37,7 +37,7 @@ from typing import Optional
 import torch
 
 import models
-from bru_kaldi.config import Architecture, Config, ConfigError
+from bru_kaldi.config import Architecture, Config, ConfigError, raise_problems
 from models.acoustic import AcousticModel
 
 
@@ -81,6 +81,7 @@ def check_architectures(config: Config) -> None:
     afterwards, so that calling it changes no initial weight). ``[model] stack`` may name an
     architecture once. Errors are :class:`ConfigError` naming the architecture.
     """
+    problems = []
     for arch in config.architectures:
         where = f"{config.source} [architecture arch_name={arch.arch_name}]"
         n = len(arch.sizes)
@@ -92,9 +93,10 @@ def check_architectures(config: Config) -> None:
                 models.build_stack(arch.unit, 1, [1] * n, dropout=arch.dropout, norm=arch.norm,
                                    bidirectional=arch.bidirectional, options=unit_options(arch))
         except ValueError as error:  # ConfigError from unit_options too
-            raise ConfigError(f"{where}: {error}") from None
+            problems.append(f"{where}: {error}")
     if len(set(config.model.stack)) != len(config.model.stack):
-        raise ConfigError(f"{config.source} [model] stack: an architecture appears twice: {config.model.stack}")
+        problems.append(f"{config.source} [model] stack: an architecture appears twice: {config.model.stack}")
+    raise_problems(problems, config.source)
 
 
 def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optional[int]):

@@ -277,6 +277,8 @@ class _Reader:
         if self._take(1) != b"\x04":
             raise self.fail("an int32 vector", "another element size")
         (count,) = struct.unpack("<i", self._take(4))  # the count has no size byte
+        if count < 0:
+            raise self.fail("a vector length", count)
         return np.frombuffer(self._take(4 * count), dtype="<i4").tolist()
 
     def float_vector(self) -> np.ndarray:
@@ -284,12 +286,17 @@ class _Reader:
             self.expect("[")
             values = []
             while (token := self.token()) != "]":
-                values.append(float(token))
+                try:
+                    values.append(float(token))
+                except ValueError:
+                    raise self.fail("a number or ]", token) from None
             return np.array(values, dtype=np.float32)
         kind = self.token()
         if kind not in ("FV", "DV"):
             raise self.fail("FV or DV", kind)
         count = self.int32()
+        if count < 0:
+            raise self.fail("a vector length", count)
         dtype = "<f4" if kind == "FV" else "<f8"
         return np.frombuffer(self._take(count * np.dtype(dtype).itemsize), dtype=dtype).astype(np.float32)
 
@@ -320,6 +327,8 @@ def _read_topology(r: _Reader) -> HmmTopology:
         r.expect("<ForPhones>")
         entry_phones = []
         while (token := r.token()) != "</ForPhones>":
+            if not token.isdigit():
+                raise r.fail("a phone id or </ForPhones>", token)
             entry_phones.append(int(token))
         states, token = [], r.token()
         while token != "</TopologyEntry>":
@@ -388,7 +397,12 @@ def read_transition_model(path) -> TransitionModel:
         data = Path(path).read_bytes()
     except OSError as error:
         raise KaldiIOError(f"cannot read the model {path}: {error.strerror}") from None
-    return TransitionModel.from_bytes(data, source=str(path))
+    try:
+        return TransitionModel.from_bytes(data, source=str(path))
+    except KaldiIOError:
+        raise
+    except (ValueError, IndexError, KeyError, struct.error, OverflowError) as error:  # a file that parses but cannot be
+        raise KaldiIOError(f"{path}: not a usable Kaldi TransitionModel ({type(error).__name__}: {error})") from None
 
 
 # --------------------------------------------------------------------------- writing
