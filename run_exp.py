@@ -47,7 +47,7 @@ from bru_kaldi.config import Config, ConfigError, parse_config, write_resolved
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters
-from bru_kaldi.training import (CheckpointError, Progress, batch_loss, learning_rate, load_checkpoint, make_optimizer,
+from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, gradient_norm, pick_device, learning_rate, load_checkpoint, make_optimizer,
                                 plot_learning_curve, save_checkpoint, save_tensors, seed_everything, warmup)
 from data_io import (Corpus, GlobalNorm, KaldiIOError, LoglikeWriter, dataset_for, fingerprint, loader_options,
                      log_priors, read_counts, write_counts)
@@ -57,52 +57,13 @@ from models.fast import native
 log = logging.getLogger("run_exp")
 
 
-# --------------------------------------------------------------------------- device
-def pick_device(config: Config) -> torch.device:
-    wanted = config.exp.device
-    if wanted == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{config.source} [exp] device = cuda, but torch sees no CUDA device; use auto or cpu")
-    if wanted == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda")
-
-
-def autocast(config: Config, device: torch.device):
-    """bf16 autocast on CUDA when ``[exp] mixed_precision``; a no-op on the CPU."""
-    if config.exp.mixed_precision and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
-
-
 # --------------------------------------------------------------------------- training
-def trained_some(exp: Experiment) -> bool:
-    """Whether the folder's checkpoint has gone past the initial weights."""
-    try:
-        progress = torch.load(exp.checkpoint, map_location="cpu", weights_only=True).get("progress", {})
-    except Exception:  # missing, or unreadable: training says which when it loads it
-        return False
-    return bool(progress.get("epoch") or progress.get("chunk"))
-
-
-class Diverged(FloatingPointError):
-    """A non-finite loss or gradient in training: the run rolls back to its last checkpoint."""
-
-
-def gradient_norm(params: list, clip: float) -> float:
-    """The gradients' total 2-norm, after clipping them to ``clip`` when it is positive (the norm is
-    that of before the clipping, so a non-finite gradient shows in it either way)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if clip > 0:
-        return float(torch.nn.utils.clip_grad_norm_(params, clip))
-    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
-
-
 def train(config: Config, exp: Experiment, device: torch.device, dist: Distributed) -> None:
     senone = config.model.senone_lab
     train_spec = dataset_for(config, config.data_use.train_with, with_labels=True)
     inputs = fingerprint(train_spec)
     derived = exp.derived_from(inputs)  # else: none yet, or computed from data that has changed since
-    if not derived and exp.norm.is_file() and trained_some(exp):
+    if not derived and exp.norm.is_file() and exp.trained_some():
         if not (exp.folder / "derived.json").is_file():  # a folder older than the record: as it was
             derived = True
         else:

@@ -66,6 +66,9 @@ class Experiment:
             handle.truncate()
             handle.write(f"process {os.getpid()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})")
             handle.flush()
+            # temporaries of a run that was killed (their writer is gone: we hold the folder); never read
+            for stale in self.folder.rglob(".*.tmp.*"):
+                stale.unlink(missing_ok=True)
             try:
                 yield
             finally:
@@ -78,6 +81,16 @@ class Experiment:
         for path in self.folder.iterdir():
             if path.name != ".lock":
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+    def trained_some(self) -> bool:
+        """Whether the folder's checkpoint has gone past the initial weights."""
+        import torch  # only here: the rest of this module needs no torch
+
+        try:
+            progress = torch.load(self.checkpoint, map_location="cpu", weights_only=True).get("progress", {})
+        except Exception:  # missing, or unreadable: training says which when it loads it
+            return False
+        return bool(progress.get("epoch") or progress.get("chunk"))
 
     def derived_from(self, inputs: str) -> bool:
         """Whether the derived files (``feature_norm.npz``, ``pdf_counts``, ``final.mdl``) were computed from

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import random
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -19,7 +20,7 @@ from torch.nn import functional as F
 
 from bru_kaldi.atomic import write_atomically
 from bru_kaldi.batching import IGNORE
-from bru_kaldi.config import OPTIMIZERS, Model
+from bru_kaldi.config import OPTIMIZERS, Config, ConfigError, Model
 
 
 # --------------------------------------------------------------------------- loss and error
@@ -71,6 +72,24 @@ def batch_loss(out: dict, labels: dict, model: Model, global_frames: int, world:
     if "mono" in out:
         total = total + model.mono_weight * frame_cross_entropy(out["mono"], labels[model.mono_lab])[0]
     return total / global_frames * world, (float(senone_sum.detach()), errors, frames)
+
+
+class Diverged(FloatingPointError):
+    """A non-finite loss or gradient in training: the run rolls back to its last checkpoint."""
+
+
+def gradient_norm(params: list, clip: float) -> float:
+    """The gradients' total 2-norm, after clipping them to ``clip`` when it is positive (the norm is
+    that of before the clipping, so a non-finite gradient shows in it either way).
+
+    >>> w = torch.nn.Parameter(torch.zeros(2)); w.grad = torch.tensor([3.0, 4.0])
+    >>> gradient_norm([w], clip=1.0), [round(v, 2) for v in w.grad.tolist()]
+    (5.0, [0.6, 0.8])
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if clip > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, clip))
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
 
 # --------------------------------------------------------------------------- optimisers
@@ -139,6 +158,26 @@ def learning_rate(initial: float, halving_factor: float, threshold: float, dev_e
         if current <= 0 or (previous - current) / current < threshold:
             lr *= halving_factor
     return lr
+
+
+# --------------------------------------------------------------------------- device
+def pick_device(config: Config) -> torch.device:
+    wanted = config.exp.device
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{config.source} [exp] device = cuda, but torch sees no CUDA device; use auto or cpu")
+    if wanted == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def autocast(config: Config, device: torch.device):
+    """bf16 autocast on CUDA when ``[exp] mixed_precision``; a no-op on the CPU."""
+    if config.exp.mixed_precision and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+# --------------------------------------------------------------------------- training
 
 
 # --------------------------------------------------------------------------- seeds

@@ -5,6 +5,7 @@ it, on the tests' tiny built-in corpus."""
 
 import os
 import pickle
+import re
 import resource
 import shutil
 import signal
@@ -13,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from bru_kaldi.experiment import Experiment
@@ -169,3 +171,45 @@ def test_derived_files_are_redone_when_their_training_data_changed(tiny_corpus, 
     refused = run(copy, exp_dir, *TRAIN_ONLY, "--exp,n_epochs_tr=1", expect=1)
     assert "the training data changed since this experiment started" in refused.stderr
     assert Experiment(exp_dir).derived_from("anything") is False
+
+
+def _when(point: str, exp_dir: Path, corpus_root: Path):
+    """A test for the moment to kill a run at ``point``: a file that exists only while it is there."""
+    return {
+        "writing a checkpoint": lambda: any(exp_dir.glob(".checkpoint.pt.tmp.*")),
+        "writing log-likelihoods": lambda: any((exp_dir / "forward_dev").glob(".loglikes.ark.tmp.*")),
+        "decoding": lambda: (exp_dir / "decode_dev" / "scoring").is_dir(),
+        "building the corpus": lambda: (corpus_root / "data" / "wav").is_dir(),
+    }[point]
+
+
+@pytest.mark.parametrize("point", ["writing a checkpoint", "writing log-likelihoods", "decoding", "building the corpus"])
+def test_kill_at_a_point_then_the_same_command_gives_the_uninterrupted_result(point, tiny_corpus, tmp_path):
+    """SIGKILL at each point where a run writes something lasting, then the same command: the result is
+    that of a run never killed, and no truncated file is ever taken as complete."""
+    corpus = tiny_corpus
+    if point == "building the corpus":  # the run builds its own (tiny) corpus, and is killed doing it
+        from recipes.mini_timit.corpus import Corpus
+
+        corpus = Corpus(tmp_path / "corpus")
+    reference = tmp_path / "reference"
+    arguments = ["--exp,builtin_corpus=tiny", f"--exp,builtin_corpus_dir={corpus.root}"] if corpus is not tiny_corpus else []
+    run(tiny_corpus, reference)  # the uninterrupted run, on the session's corpus (the same bytes as a rebuild)
+    exp_dir = tmp_path / "exp"
+    env = environment(corpus, exp_dir)
+    process = subprocess.Popen([sys.executable, "run_exp.py", str(CFG), *arguments], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    happening, deadline = _when(point, exp_dir, corpus.root), time.time() + 240
+    while process.poll() is None and not happening() and time.time() < deadline:
+        time.sleep(0.002)
+    assert process.poll() is None, f"the run ended before {point}"
+    os.killpg(process.pid, signal.SIGKILL)  # the run and whatever it started (decoding workers, stages)
+    process.wait()
+    run(corpus, exp_dir, *arguments)
+    expected, got = weights(reference), weights(exp_dir)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+    def results(folder):  # the error lines, without the decoding speed
+        return [re.sub(r" rtf=\S+", "", line) for line in (folder / "res.res").read_text().splitlines() if ": %WER" in line]
+
+    assert results(exp_dir) == results(reference) and len(results(reference)) == 2
+    assert not list(exp_dir.rglob(".*.tmp.*")), "a temporary file was left behind"

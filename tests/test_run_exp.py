@@ -107,7 +107,14 @@ def test_sigkill_mid_training_then_resume_gives_identical_weights(tiny_corpus, t
     process = subprocess.Popen([sys.executable, "run_exp.py", str(CFG), *options], cwd=ROOT,
                                env=environment(tiny_corpus, killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while not (killed / "checkpoint.pt").is_file() and process.poll() is None and time.time() < deadline:
+    while process.poll() is None and time.time() < deadline:  # until a chunk past the initial weights is saved
+        if (killed / "checkpoint.pt").is_file():
+            try:
+                progress = torch.load(killed / "checkpoint.pt", weights_only=True)["progress"]
+            except Exception:  # replaced while read
+                continue
+            if progress["chunk"] or progress["epoch"]:
+                break
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
