@@ -365,22 +365,28 @@ def write_counts(path: str, counts: np.ndarray) -> None:
 
 
 FLT_MAX = float(np.finfo(np.float32).max)
+PRIOR_FLOOR = 1e-10  # Kaldi nnet1's --prior-floor
 
 
-def log_priors(counts: np.ndarray, cutoff: float = 1e-10) -> np.ndarray:
-    """``(C,)`` float32 log prior of each class from its frame count.
+def log_priors(counts: np.ndarray, floor: float = PRIOR_FLOOR) -> np.ndarray:
+    """``(C,)`` float32 log prior of each class from its frame count, as Kaldi nnet1's ``PdfPrior``.
 
-    As Kaldi nnet1's ``PdfPrior``, a class counted fewer than ``cutoff`` times gets a log prior raised
-    by FLT_MAX/2, so its log-likelihood is hugely negative and the decoder never picks it.
+    ``log(count / total + 1e-20)``; a class whose relative frequency is under ``floor`` (one never
+    seen in training, say) gets ``sqrt(FLT_MAX)`` instead: its log-likelihood (log posterior minus log
+    prior) is then hugely negative, so the decoder never picks it, yet finite, so that no sum of
+    scores overflows to infinity or turns into NaN.
 
-    >>> [round(float(p), 4) for p in log_priors(np.array([1.0, 3.0, 0.0]))[:2]]
-    [-1.3863, -0.2877]
+    >>> [round(float(p), 4) for p in log_priors(np.array([1.0, 3.0, 0.0]))[:2]], float(log_priors([1.0, 0.0])[1]) > 1e19
+    ([-1.3863, -0.2877], True)
     """
     counts = np.asarray(counts, dtype=np.float64)
-    low = counts < cutoff
-    counts = np.where(low, cutoff, counts)
-    priors = np.log(counts / counts.sum())
-    return (priors + np.where(low, FLT_MAX / 2, 0.0)).astype(np.float32)
+    if counts.ndim != 1 or not counts.sum() > 0 or (counts < 0).any():
+        raise ValueError(f"pdf counts must be non-negative with a positive total, got {counts.shape} summing to "
+                         f"{counts.sum() if counts.size else 0}")
+    frequency = counts / counts.sum()
+    priors = np.log(frequency + 1e-20)
+    priors[frequency < floor] = np.sqrt(FLT_MAX)
+    return priors.astype(np.float32)
 
 
 class LoglikeWriter(ArkWriter):

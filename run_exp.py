@@ -45,7 +45,7 @@ from bru_kaldi.atomic import WriteError, write_atomically
 from bru_kaldi.builtin_corpus import BuiltinCorpusError, ensure_builtin_corpus
 from bru_kaldi.config import Config, ConfigError, parse_config, write_resolved
 from bru_kaldi.distributed import Distributed
-from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line
+from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters
 from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, gradient_norm, pick_device, learning_rate, load_checkpoint, make_optimizer,
                                 plot_learning_curve, save_checkpoint, save_tensors, seed_everything, warmup)
@@ -387,9 +387,14 @@ def run_stages(args, config: Config, exp: Experiment, device: torch.device, dist
             try:
                 write_resolved(config, resolved)
                 check_same_experiment(exp, resolved.read_text(), config.source)
+                redo = stages_to_redo(exp, resolved.read_text())
                 resolved.replace(exp.resolved)
             finally:
                 resolved.unlink(missing_ok=True)
+            if redo:  # decode-only (or forward) options changed since the last run: those stages again
+                log.info("options changed since the last run make %s stale: running it again", " and ".join(redo))
+                exp.unmark(["decode"] + ([f"forward_{name}" for name in config.data_use.forward_with]
+                                         if "forward" in redo else []))
             if args.stage == "forward":
                 exp.unmark([f"forward_{name}" for name in config.data_use.forward_with])
             if args.stage in ("forward", "decode"):

@@ -136,28 +136,47 @@ def epoch_line(h: dict) -> str:
 
 
 # Sections and options that may change between runs on one folder: they do not change what was
-# trained (re-decode with --stage decode). None: the whole section.
+# trained (the stages they feed are done again). None: the whole section.
 RESUMABLE_CHANGES = {"decoding": None, "forward": None, "data_use": {"forward_with"}, "exp": {"device"}}
+# Fields of a label stream that only decoding reads: the graph and the references.
+DECODE_ONLY_FIELDS = ("lab_graph", "lab_data_folder")
+
+
+def _options(text: str) -> dict[tuple[str, str], str]:
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.optionxform = str
+    parser.read_string(text)
+    return {(section, option): value for section in parser.sections() for option, value in parser.items(section)}
+
+
+def _split_lab(value: str) -> tuple[str, str]:
+    """A ``lab =`` block as (what training reads, what only decoding reads)."""
+    lines = value.splitlines()
+    decode_only = [line for line in lines if line.strip().split("=", 1)[0] in DECODE_ONLY_FIELDS]
+    return "\n".join(line for line in lines if line not in decode_only), "\n".join(decode_only)
+
+
+def _view(text: str, part: int) -> dict[tuple[str, str], str]:
+    """The options of a resolved config, lab blocks cut to what training (0) or decoding (1) reads."""
+    return {key: _split_lab(value)[part] if key[1] == "lab" else value for key, value in _options(text).items()}
 
 
 def check_same_experiment(exp: Experiment, resolved_text: str, source: str) -> None:
     """A folder with training progress may only be resumed with the config that made it.
 
-    Changes to ``[decoding]``, ``[forward]``, ``[data_use] forward_with`` and ``[exp] device`` are
-    allowed (:data:`RESUMABLE_CHANGES`), and so is an option the folder's config does not list (added to
-    the toolkit later) while it has its default; anything else is a :class:`ConfigError` naming the first
-    five differences.
+    Changes to ``[decoding]``, ``[forward]``, ``[data_use] forward_with``, ``[exp] device`` and the
+    decode-only fields of label streams (``lab_graph``, ``lab_data_folder``) are allowed
+    (:func:`stages_to_redo` says what they redo), and so is an option the folder's config does not list
+    (added to the toolkit later) while it has its default; anything else is a :class:`ConfigError`
+    naming the first five differences.
     """
     if not exp.resolved.is_file() or not (exp.checkpoint.is_file() or exp.final.is_file()):
         return
     allowed = RESUMABLE_CHANGES
 
     def relevant(text):
-        parser = configparser.ConfigParser(interpolation=None)
-        parser.optionxform = str
-        parser.read_string(text)
-        return {(section, option): value for section in parser.sections() for option, value in parser.items(section)
-                if section not in allowed or (allowed[section] is not None and option not in allowed[section])}
+        return {key: value for key, value in _view(text, 0).items()
+                if key[0] not in allowed or (allowed[key[0]] is not None and key[1] not in allowed[key[0]])}
 
     before, now = relevant(exp.resolved.read_text()), relevant(resolved_text)
     # an option the toolkit gained after the folder was made changes nothing while it keeps its default
@@ -166,3 +185,23 @@ def check_same_experiment(exp: Experiment, resolved_text: str, source: str) -> N
         details = "; ".join(f"[{s}] {o}: {before.get((s, o))!r} -> {now.get((s, o))!r}" for s, o in changed[:5])
         raise ConfigError(f"{source}: {exp.folder} holds an experiment trained with a different config ({details}); "
                           "use --force to start it again, or another [exp] out_folder")
+
+
+def stages_to_redo(exp: Experiment, resolved_text: str) -> list[str]:
+    """What the allowed changes since the folder's last run make stale: ``forward`` (``[forward]``
+    changed: every set's log-likelihoods and the decode) or ``decode`` (``[decoding]`` or a label
+    stream's graph or references changed)."""
+    if not exp.resolved.is_file():
+        return []
+    before, now = _options(exp.resolved.read_text()), _options(resolved_text)
+    old_decode, new_decode = _view(exp.resolved.read_text(), 1), _view(resolved_text, 1)
+
+    def section(options, name):
+        return {k: v for k, v in options.items() if k[0] == name}
+
+    if section(before, "forward") != section(now, "forward"):
+        return ["forward", "decode"]
+    labs = {k: v for k, v in old_decode.items() if k[1] == "lab"}, {k: v for k, v in new_decode.items() if k[1] == "lab"}
+    if section(before, "decoding") != section(now, "decoding") or labs[0] != labs[1]:
+        return ["decode"]
+    return []

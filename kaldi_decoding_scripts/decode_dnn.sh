@@ -20,8 +20,11 @@ echo "$0 $*"  # the command line, for the log
 usage() {
   cat >&2 <<USAGE
 Usage: $0 [options] <graph-dir> <model> <decode-dir> <loglik-ark-or-scp> [<loglik-ark-or-scp> ...]
- e.g.: $0 --beam 13.0 --acwt 0.2 exp/mono/graph exp/mono/final.mdl exp/MINI_liBRU/decode_test \\
-          exp/MINI_liBRU/forward_test/loglik.1.scp exp/MINI_liBRU/forward_test/loglik.2.scp
+ e.g.: $0 --beam 13.0 --acwt 0.2 recipes/mini_timit/exp/mono/graph exp/MINI_liBRU/final.mdl \\
+          exp/MINI_liBRU/decode_test exp/MINI_liBRU/forward_test/loglikes.scp
+Reads <graph-dir>/HCLG.fst and words.txt, <model> (its TransitionModel) and each log-likelihood archive
+(one decoding job each, run_exp.py writes forward_<set>/loglikes.scp); writes <decode-dir>/lat.N.gz,
+<decode-dir>/num_jobs and <decode-dir>/log/decode.N.log.
 Options (defaults in brackets):
   --min-active N   [$min_active]     --max-active N   [$max_active]
   --max-mem N      [$max_mem]        --beam F         [$beam]

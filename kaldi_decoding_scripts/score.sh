@@ -58,8 +58,10 @@ for job in $(seq "$num_jobs"); do
   [ -f "$dir/lat.$job.gz" ] || { echo "$0: Error: no such file $dir/lat.$job.gz" >&2; exit 1; }
 done
 
-# the filter is the toolkit's own (bru_kaldi/scoring.py), found from the folder above this script
-filter() { PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}" python -m bru_kaldi.scoring filter "$scoring"; }
+# the filter is the toolkit's own (bru_kaldi/scoring.py), found from the folder above this script, run by
+# the interpreter that runs run_exp.py ($PYTHON, which run_exp.py sets): a bare `python` on PATH may be
+# another environment's, without kaldialign
+filter() { PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m bru_kaldi.scoring filter "$scoring"; }
 
 mkdir -p "$dir/scoring/log"
 filter < "$data/text" > "$dir/scoring/ref.txt"

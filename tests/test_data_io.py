@@ -225,3 +225,18 @@ def test_fea_opts_in_both_spellings():
 def test_data_io_reexports_the_model_reader():
     assert data_io.read_transition_model is transition_model.read_transition_model
     assert data_io.KaldiIOError is kaldi_tables.KaldiIOError
+
+
+def test_a_pdf_unseen_in_training_gets_kaldis_floored_prior_and_a_finite_loglikelihood(tmp_path):
+    """As Kaldi nnet1's PdfPrior: log(count / total + 1e-20), and sqrt(FLT_MAX) under the 1e-10 floor, so
+    that the pdf is never picked yet no score is infinite (an infinite one turns decoder sums into NaN)."""
+    counts = np.array([30.0, 10.0, 0.0, 60.0])
+    priors = log_priors(counts)
+    np.testing.assert_allclose(priors[[0, 1, 3]], np.log([0.3, 0.1, 0.6]), rtol=1e-6)
+    assert priors[2] == np.float32(np.sqrt(np.finfo(np.float32).max))
+    with LoglikeWriter(str(tmp_path / "ll.ark"), str(tmp_path / "ll.scp"), priors) as writer:
+        writer.write("u", np.log(np.full((5, 4), 0.25, dtype=np.float32)))
+    loglikes = kaldiio.load_mat(str(tmp_path / "ll.ark") + ":2")
+    assert np.isfinite(loglikes).all() and (loglikes[:, 2] < -1e18).all() and (loglikes[:, [0, 1, 3]] > -3).all()
+    with pytest.raises(ValueError, match="positive total"):
+        log_priors(np.zeros(3))

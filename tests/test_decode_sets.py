@@ -9,6 +9,7 @@ without a path are counted. The Kaldi path runs with stand-ins for its binaries 
 
 import os
 import re
+import shutil
 import stat
 from pathlib import Path
 
@@ -377,3 +378,31 @@ def test_kaldi_chooses_lm_weight_on_dev_and_applies_it_to_the_other_sets(corpus,
     assert results["eval"].score is None
     assert read_table(tmp_path / "decode_eval" / "text") == read_table(tiny.data("dev") / "text")
     assert len(list(jobs[0].out_dir.glob("lat.*.gz"))) == 2  # the scp split over two decoding jobs
+
+
+def test_a_const_graph_as_kaldis_mkgraph_writes_it_decodes_as_the_vector_one(corpus, tmp_path):
+    """utils/mkgraph.sh converts HCLG to a const FST, which kaldifst cannot read: our own reader can."""
+    import kaldifst
+
+    tiny, _, _ = corpus
+    const_graph = tmp_path / "const_graph"
+    shutil.copytree(tiny.graph, const_graph)
+    kaldifst.StdConstFst(kaldifst.StdVectorFst.read(str(tiny.graph / "HCLG.fst"))).write(str(const_graph / "HCLG.fst"))
+    assert kaldifst.StdVectorFst.read(str(const_graph / "HCLG.fst")) is None  # the failure this guards against
+    scp = oracle_scp(corpus, tmp_path / "forward", "test")
+    lines = {}
+    for name, graph_dir in (("vector", tiny.graph), ("const", const_graph)):
+        job = make_job(tiny, "test", scp, tmp_path / name, graph_dir=graph_dir)
+        lines[name] = decode.decode_sets([job], decoding(acwt=0.2), None, log=quiet)["test"].res_line()
+        lines[name] = re.sub(r" rtf=\S+", "", lines[name])
+    assert lines["const"] == lines["vector"]
+
+
+def test_a_graph_that_is_not_an_fst_is_one_error_naming_it(corpus, tmp_path):
+    tiny, _, _ = corpus
+    broken = tmp_path / "graph"
+    shutil.copytree(tiny.graph, broken)
+    (broken / "HCLG.fst").write_bytes(b"not an fst at all")
+    job = make_job(tiny, "test", oracle_scp(corpus, tmp_path / "forward", "test"), tmp_path, graph_dir=broken)
+    with pytest.raises(decode.DecodeInputError, match=f"{broken / 'HCLG.fst'}: not a decoding graph"):
+        decode.decode_sets([job], decoding(), None, log=quiet)

@@ -140,3 +140,42 @@ def test_score_maps_word_ids_and_applies_the_corpus_filter(graph, tmp_path):
     assert result.returncode == 0, result.stderr
     assert (decode_dir / "scoring" / "2_0.5.txt").read_text() == "u1 aa ih sil\nu2 sh\n"  # ids mapped, 48 -> 39 folded
     assert sorted(p.name for p in decode_dir.glob("wer_*")) == ["wer_2_0.0", "wer_2_0.5", "wer_3_0.0", "wer_3_0.5"]
+
+
+def test_score_runs_the_interpreter_it_is_given_not_a_bare_python(graph, tmp_path):
+    """A `python` first on PATH may be another environment's, without kaldialign: score.sh's Python
+    steps run on $PYTHON, which run_exp.py sets to its own interpreter."""
+    import sys
+
+    g, _, _ = graph
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "lattice-scale", "cat > /dev/null; echo lattice\n")
+    stand_in(bin_dir, "lattice-add-penalty", "cat\n")
+    stand_in(bin_dir, "lattice-best-path", "cat > /dev/null; printf 'u1 2 3 1\\n'\n")
+    stand_in(bin_dir, "compute-wer", 'echo "%WER 0.00 [ 0 / 3, 0 ins, 0 del, 0 sub ]"\n')
+    for broken in ("python", "python3"):  # what a bare name would find first: an interpreter that fails
+        stand_in(bin_dir, broken, 'echo "ModuleNotFoundError: No module named kaldialign" >&2; exit 1\n')
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "text").write_text("u1 ao ix sil\n")
+    decode_dir = tmp_path / "decode"
+    decode_dir.mkdir()
+    (decode_dir / "num_jobs").write_text("1\n")
+    with gzip.open(decode_dir / "lat.1.gz", "wt") as f:
+        f.write("lattice")
+    arguments = ("--scoring", "timit", "--min-lmwt", "2", "--max-lmwt", "2", "--wip", "0.0", data, g, decode_dir)
+    env = dict(os.environ, PATH=os.pathsep.join([str(bin_dir), os.environ["PATH"]]))
+    env.pop("PYTHON", None)
+    bare = subprocess.run(["bash", str(SCORE), *map(str, arguments)], capture_output=True, text=True, env=env)
+    assert bare.returncode != 0 and "kaldialign" in bare.stderr  # the failure this guards against
+    given = subprocess.run(["bash", str(SCORE), *map(str, arguments)], capture_output=True, text=True,
+                           env=dict(env, PYTHON=sys.executable))
+    assert given.returncode == 0, given.stderr
+    assert (decode_dir / "scoring" / "2_0.0.txt").read_text() == "u1 aa ih sil\n"
+
+
+def test_decode_usage_names_what_it_reads():
+    usage = run(DECODE).stderr
+    assert "<graph-dir> <model> <decode-dir> <loglik-ark-or-scp>" in usage
+    assert "HCLG.fst and words.txt" in usage and "forward_<set>/loglikes.scp" in usage

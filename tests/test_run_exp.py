@@ -22,6 +22,7 @@ from data_io import read_transition_model
 ROOT = Path(__file__).resolve().parents[1]
 CFG = ROOT / "tests" / "data" / "tiny_liBRU.cfg"
 NO_DECODE = "--forward,require_decoding=False"
+SPLITS = ("train", "dev", "test")
 
 
 def environment(corpus, exp_dir) -> dict:
@@ -173,3 +174,22 @@ def test_changed_config_is_refused_on_resume(tiny_corpus, tmp_path):
     forced = run(tiny_corpus, tmp_path / "exp", NO_DECODE, "--exp,n_epochs_tr=1", "--architecture1,sizes=16,16", "--force")
     assert "already finished" not in forced.stdout
     assert weights(tmp_path / "exp")["senone.weight"].shape[1] == 16
+
+
+def test_decode_only_changes_redo_the_decode_not_the_training(tiny_corpus, tmp_path):
+    """Beams, scales, the graph or the references changed on a finished folder: decoded again, not refused."""
+    import shutil
+
+    exp_dir = tmp_path / "exp"
+    run(tiny_corpus, exp_dir, "--exp,n_epochs_tr=1", "--decoding,acwt_sweep=0.1,0.2")
+    trained = (exp_dir / "final.pt").read_bytes()
+    again = run(tiny_corpus, exp_dir, "--exp,n_epochs_tr=1", "--decoding,acwt_sweep=0.7")
+    assert "decode stale: running it again" in again.stdout and "acwt=0.7" in (exp_dir / "res.res").read_text()
+    graph = tmp_path / "graph_copy"
+    shutil.copytree(tiny_corpus.graph, graph)
+    moved = run(tiny_corpus, exp_dir, "--exp,n_epochs_tr=1", "--decoding,acwt_sweep=0.7",
+                *(f"--dataset{i},lab=lab_name=lab_cd\n lab_folder={tiny_corpus.ali(s)}\n lab_opts=ali-to-pdf\n"
+                  f" lab_data_folder={tiny_corpus.data(s)}\n lab_graph={graph}" for i, s in enumerate(SPLITS, 1)))
+    assert "decode stale: running it again" in moved.stdout and "already finished" not in moved.stdout
+    assert (exp_dir / "final.pt").read_bytes() == trained  # never trained again
+    assert "resuming" not in again.stdout + moved.stdout

@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -47,7 +48,8 @@ def choose_decoder(decoder: str) -> str:
 def _run_script(script: str, args: Sequence, log_path: Path, name: str) -> None:
     """Run one of ``kaldi_decoding_scripts/``; its output goes to ``log_path``; failure names that log."""
     command = ["bash", str(KALDI_SCRIPTS / script), *map(str, args)]
-    result = subprocess.run(command, capture_output=True, text=True)
+    # the scripts' Python steps run on this interpreter, not on whatever `python` is first on PATH
+    result = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, PYTHON=sys.executable))
     write_text_atomically(log_path, f"# {shlex.join(command)}\n{result.stdout}{result.stderr}")
     if result.returncode != 0:
         tail = "\n".join(result.stderr.strip().splitlines()[-5:])

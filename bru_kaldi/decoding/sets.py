@@ -22,7 +22,7 @@ import numpy as np
 from bru_kaldi import scoring
 from bru_kaldi.atomic import write_text_atomically
 from bru_kaldi.decoding.ctm import ctm_lines, read_word_boundary
-from bru_kaldi.decoding.utterance import load_graph
+from bru_kaldi.decoding.utterance import GraphReadError, load_graph
 from bru_kaldi.kaldi.tables import KaldiIOError, ScpTable
 from bru_kaldi.kaldi.transition_model import read_transition_model
 
@@ -194,7 +194,10 @@ def _load_model_and_graph(job: DecodeJob, words: dict[int, str], with_graph: boo
                                  f"has {tm.num_pdfs}: the graph was built for another model")
     graph = None
     if with_graph:
-        graph = load_graph(key[0])
+        try:
+            graph = load_graph(key[0])
+        except GraphReadError as error:
+            raise DecodeInputError(f"decoding set {job.name!r}: {error}") from None
         check_graph(graph, tm.num_transition_ids, words, job.graph_dir / "HCLG.fst", job.model,
                     job.graph_dir / "words.txt")
     GRAPHS[key] = (graph, tm.tid2pdf, tm.num_pdfs)

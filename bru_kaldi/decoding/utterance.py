@@ -23,6 +23,7 @@ Import order: kaldi_hmm_gmm before kaldifst. Some import orders of the kaldi-* p
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,11 +60,120 @@ class DecodeResult:
     reached_final: bool
 
 
+class GraphReadError(ValueError):
+    """A decoding graph that cannot be read; the message names the file and why."""
+
+
+FST_MAGIC = 2125659606  # OpenFst's FstHeader
+_HAS_ISYMBOLS, _HAS_OSYMBOLS, _IS_ALIGNED = 0x1, 0x2, 0x4  # FstHeader flags
+
+
 def load_graph(path: str | Path) -> kaldifst.StdVectorFst:
-    """Read a decoding graph (HCLG.fst) written by Kaldi, kaldifst or kaldi-hmm-gmm."""
-    if not Path(path).is_file():
+    """Read a decoding graph (HCLG.fst) written by Kaldi, kaldifst or kaldi-hmm-gmm, as a vector FST.
+
+    Kaldi's ``utils/mkgraph.sh`` writes HCLG as a *const* FST (``fstconvert --fst_type=const``), which
+    kaldifst cannot read (its ``read`` returns None for it): such a graph goes through
+    :func:`read_const_fst`. Anything else that is not a graph is a :class:`GraphReadError`.
+    """
+    path = Path(path)
+    if not path.is_file():
         raise FileNotFoundError(f"no such decoding graph {path}")
-    return kaldifst.StdVectorFst.read(str(path))
+    kind = _fst_type(path)
+    if kind == "const":
+        return read_const_fst(path)
+    graph = kaldifst.StdVectorFst.read(str(path)) if kind == "vector" else None
+    if graph is None:
+        raise GraphReadError(f"{path}: not a decoding graph this toolkit can read (an OpenFst {kind or 'file'} of "
+                             "the standard arc type, vector or const, is expected)")
+    return graph
+
+
+def _fst_type(path: Path):
+    """The FST type in an OpenFst file's header (``"vector"``, ``"const"``...), or None for another file."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if len(head) < 8 or struct.unpack_from("<i", head)[0] != FST_MAGIC:
+        return None
+    (length,) = struct.unpack_from("<i", head, 4)
+    return head[8:8 + length].decode(errors="replace") if 0 < length < 32 else None
+
+
+def read_const_fst(path: str | Path) -> kaldifst.StdVectorFst:
+    """An OpenFst ``const`` FST of standard (tropical) arcs, read from its bytes into a vector FST.
+
+    The format (OpenFst's ``ConstFst::Write``): the FST header (magic, type and arc type strings,
+    version, flags, properties, start, number of states and of arcs), symbol tables when the flags say
+    so, then every state as ``(final weight float32, first arc uint32, arcs, input-epsilon arcs,
+    output-epsilon arcs: uint32)`` and every arc as ``(ilabel, olabel int32, weight float32, next
+    state int32)``, each array aligned to 16 bytes in the aligned variant. Hand-written because no
+    package here reads it.
+    """
+    data = Path(path).read_bytes()
+    position = 0
+
+    def take(fmt: str):
+        nonlocal position
+        values = struct.unpack_from(fmt, data, position)
+        position += struct.calcsize(fmt)
+        return values
+
+    def string() -> str:
+        nonlocal position
+        (length,) = take("<i")
+        text = data[position:position + length].decode(errors="replace")
+        position += length
+        return text
+
+    def align() -> None:
+        nonlocal position
+        position += -position % 16
+
+    def skip_symbols() -> None:  # SymbolTable: magic, name, available key, size, then (symbol, key) pairs
+        take("<i")
+        string()
+        _, size = take("<qq")
+        for _ in range(size):
+            string()
+            take("<q")
+
+    try:
+        (magic,) = take("<i")
+        kind, arc_type = string(), string()
+        if magic != FST_MAGIC or kind != "const" or arc_type != "standard":
+            raise GraphReadError(f"{path}: expected an OpenFst const FST of standard arcs, got type {kind!r}, "
+                                 f"arcs {arc_type!r}")
+        _, flags = take("<ii")
+        _, start, num_states, num_arcs = take("<Qqqq")
+        if flags & _HAS_ISYMBOLS:
+            skip_symbols()
+        if flags & _HAS_OSYMBOLS:
+            skip_symbols()
+        if flags & _IS_ALIGNED:
+            align()
+        states = np.frombuffer(data, dtype=[("final", "<f4"), ("pos", "<u4"), ("narcs", "<u4"), ("nie", "<u4"),
+                                            ("noe", "<u4")], count=num_states, offset=position)
+        position += states.nbytes
+        if flags & _IS_ALIGNED:
+            align()
+        arcs = np.frombuffer(data, dtype=[("ilabel", "<i4"), ("olabel", "<i4"), ("weight", "<f4"), ("next", "<i4")],
+                             count=num_arcs, offset=position)
+    except (struct.error, ValueError) as error:
+        if isinstance(error, GraphReadError):
+            raise
+        raise GraphReadError(f"{path}: a truncated or damaged const FST ({error})") from None
+    graph = kaldifst.StdVectorFst()
+    graph.reserve_states(num_states)
+    for _ in range(num_states):
+        graph.add_state()
+    if num_states:
+        graph.start = int(start)
+    for state, (final, first, count) in enumerate(zip(states["final"].tolist(), states["pos"].tolist(),
+                                                      states["narcs"].tolist())):
+        if final != float("inf"):
+            graph.set_final(state=state, weight=final)
+        for ilabel, olabel, weight, target in arcs[first:first + count].tolist():
+            graph.add_arc(state=state, arc=kaldifst.StdArc(ilabel, olabel, weight, target))
+    return graph
 
 
 def transition_loglikes(loglikes: np.ndarray, tid2pdf: np.ndarray, acoustic_scale: float) -> np.ndarray:
