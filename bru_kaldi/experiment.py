@@ -182,7 +182,16 @@ def check_same_experiment(exp: Experiment, resolved_text: str, source: str) -> N
     # an option the toolkit gained after the folder was made changes nothing while it keeps its default
     changed = sorted(k for k in set(before) | set(now) if before.get(k, option_default(*k)) != now.get(k))
     if changed:
-        details = "; ".join(f"[{s}] {o}: {before.get((s, o))!r} -> {now.get((s, o))!r}" for s, o in changed[:5])
+        def shown(section, option):
+            old, new = before.get((section, option)), now.get((section, option))
+            if old and new and "\n" in old + new:  # a stream block: its first line that differs says enough
+                pairs = zip(old.splitlines() + [""] * 99, new.splitlines() + [""] * 99)
+                old, new = next((a, b) for a, b in pairs if a != b)
+            return f"[{section}] {option}: {old!r} -> {new!r}"
+
+        details = "; ".join(shown(s, o) for s, o in changed[:5])
+        if len(changed) > 5:
+            details += f"; and {len(changed) - 5} more"
         raise ConfigError(f"{source}: {exp.folder} holds an experiment trained with a different config ({details}); "
                           "use --force to start it again, or another [exp] out_folder")
 
