@@ -213,3 +213,24 @@ def test_kill_at_a_point_then_the_same_command_gives_the_uninterrupted_result(po
 
     assert results(exp_dir) == results(reference) and len(results(reference)) == 2
     assert not list(exp_dir.rglob(".*.tmp.*")), "a temporary file was left behind"
+
+
+def test_sigterm_while_decoding_stops_at_once_and_the_decode_is_done_again(tiny_corpus, tmp_path):
+    """Decoding workers leave the signal to their run, which stops them at once (not after each one's
+    utterance in hand); the same command decodes again and finishes."""
+    exp_dir = tmp_path / "exp"
+    sweep = "--decoding,acwt_sweep=" + ",".join(f"{0.05 + i / 100:.2f}" for i in range(60))  # a long decode
+    arguments = ("--exp,n_epochs_tr=1", sweep, "--decoding,num_jobs=2")
+    process = start(tiny_corpus, exp_dir, *arguments)
+    deadline = time.time() + 240
+    while process.poll() is None and not (exp_dir / "decode_dev" / "scoring").is_dir() and time.time() < deadline:
+        time.sleep(0.01)
+    assert process.poll() is None, "the run ended before decoding"
+    signalled = time.time()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in stderr, stderr
+    assert time.time() - signalled < 10, f"took {time.time() - signalled:.1f} s to stop"
+    assert not (exp_dir / "decode_dev" / "scoring" / "summary.txt").exists()
+    finished = run(tiny_corpus, exp_dir, *arguments)
+    assert "%WER" in (exp_dir / "res.res").read_text() and "already finished" not in finished.stdout

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -42,7 +43,13 @@ def load_graphs(graph_keys: Sequence[tuple[str, str]], penalties: Sequence[float
 
 
 def init_worker(graph_keys: Sequence[tuple[str, str]], penalties: Sequence[float]) -> None:
-    """Load the graphs once per worker (nothing to do when the pool forked: inherited)."""
+    """Load the graphs once per worker (nothing to do when the pool forked: inherited).
+
+    A worker leaves SIGINT and SIGTERM to the run that owns it: it could only act on them after the
+    utterance in hand (seconds, in C++), and the parent stops the pool at once itself.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     load_graphs(graph_keys, penalties)
 
 
@@ -87,6 +94,11 @@ def workers(num_jobs: int, graph_keys: Sequence[tuple[str, str]],
                                (list(graph_keys), list(penalties)))
     try:
         yield lambda tasks: pool.map(decode_task, tasks)
+    except KeyboardInterrupt:  # SIGINT, SIGTERM: stop now, not after every worker's utterance in hand
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # after an error: no new utterances started
 
