@@ -50,6 +50,9 @@ class GRUCell(RecurrentMatrixCell):
         h = (1 - z) * n + z * h
         return (h,), (h,)
 
+    def fast_forward(self, proj, lengths):
+        return fast.gated(self, "gru", proj, lengths)
+
 
 class LSTMCell(RecurrentMatrixCell):
     """Long short-term memory (Hochreiter and Schmidhuber 1997, with forget gate), PyTorch's gate order.
@@ -74,6 +77,9 @@ class LSTMCell(RecurrentMatrixCell):
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
         return (h,), (h, c)
+
+    def fast_forward(self, proj, lengths):
+        return fast.gated(self, "lstm", proj, lengths)
 
 
 class LiGRUCell(RecurrentMatrixCell):
@@ -125,6 +131,9 @@ class MGUCell(RecurrentMatrixCell):
         h = (1 - f) * h + f * candidate
         return (h,), (h,)
 
+    def fast_forward(self, proj, lengths):
+        return fast.gated(self, "mgu", proj, lengths)
+
 
 class RNNCell(RecurrentMatrixCell):
     """Elman RNN: ``h_t = act(W x_t + U h_{t-1} + b)``, ``act`` tanh (default) or relu.
@@ -139,11 +148,17 @@ class RNNCell(RecurrentMatrixCell):
     def __init__(self, hidden_size: int, activation: str = "tanh"):
         super().__init__(hidden_size)
         self.activation = _activation(activation)
+        self.activation_name = activation
 
     def step(self, proj_t, state):
         (h,) = state
         h = self.activation(proj_t + self.recurrent(h))
         return (h,), (h,)
+
+    def fast_forward(self, proj, lengths):
+        if self.activation_name not in ("tanh", "relu"):  # the fused steps; sigmoid and softplus loop
+            return None
+        return fast.gated(self, "rnn_" + self.activation_name, proj, lengths)
 
 
 class MLPCell(Cell):

@@ -6,7 +6,7 @@ directory's transition-ids in an anonymous memory-mapped temporary file, so a co
 memory costs only its index, and counts pdfs and phones on the way (``analyze-counts``).
 
 >>> import gzip, os, tempfile, kaldi_hmm_gmm as khg
->>> from transition_model import standard_topology_text, write_transition_model
+>>> from bru_kaldi.kaldi.transition_model import standard_topology_text, write_transition_model
 >>> d = tempfile.mkdtemp()
 >>> topo = khg.HmmTopology()
 >>> topo.read(standard_topology_text([2, 3], [1]))

@@ -4,10 +4,13 @@ backward passes that save only what backward needs.
 ==================  =========================================================================
 ``paths``           per unit, the vectorised glue a cell's ``fast_forward`` calls (:func:`gated`,
                     :func:`lbru`, :func:`ubru`); ``FAST`` says which units and options are covered
-``gated``           time loops of the cells with a recurrent matrix (BRU, Li-BRU, Li-GRU, LBRU)
+``gated``           autograd Functions of the cells with a recurrent matrix: the gated family
+                    (BRU, Li-BRU, Li-GRU, GRU, LSTM, MGU, RNN) and LBRU
+``loops``           their TorchScript time loops (the backend on CUDA and without a compiler)
 ``scans``           elementwise recursions (UBRU alpha, Kalman and HMM backward passes, smoothing)
 ``native``          builds and loads the C++ kernels of ``csrc/recurrences.cpp`` (the CPU backend)
-``csrc/``           the C++ kernels: one fused pass a time step, threads splitting the units
+``csrc/``           the C++ kernels: one fused pass a time step, threads splitting the units; a unit
+                    of the gated family is its elementwise step there, found by name
 ==================  =========================================================================
 
 Two backends run the loops: the C++ kernels on the CPU, and TorchScript loops of a few ``out=``

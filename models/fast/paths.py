@@ -23,6 +23,10 @@ FAST = {
     "bru": "form='log' (the default)",
     "libru": "form='log' (the default)",
     "ligru": "all",
+    "gru": "all",
+    "lstm": "all",
+    "mgu": "all",
+    "rnn": "activation='tanh' (the default) or 'relu'",
     "lbru": "all (backward=None or 'layer', input_gate True or False)",
     "ubru": "all (backward=None, 'kalman', 'hmm')",
 }
@@ -38,9 +42,11 @@ def _at_end(lengths: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def gated(cell, kind: str, proj: torch.Tensor, lengths: torch.Tensor):
-    """BRU and Li-BRU (log form) and Li-GRU: ``kind`` is ``"bru"``, ``"libru"`` or ``"ligru"``."""
-    (h0,) = cell.initial_state(proj)
-    out = GatedRecurrence.apply(kind, _time_major(proj), cell.recurrent.weight, h0)  # (T, B, H)
+    """The gated family, a cell with a recurrent matrix ``cell.recurrent`` (its bias, if any, is ``b_hh``)
+    and an elementwise step: ``kind`` names the step (see :class:`GatedRecurrence`). The state starts from
+    the cell's ``initial_state`` (the LSTM's ``c`` from zero, as its cell's)."""
+    h0 = cell.initial_state(proj)[0]
+    out = GatedRecurrence.apply(kind, _time_major(proj), cell.recurrent.weight, cell.recurrent.bias, h0)  # (T, B, H)
     return cell.finish(proj, (out.transpose(0, 1),), lengths)
 
 

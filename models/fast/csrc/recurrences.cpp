@@ -1,6 +1,6 @@
 // Fused CPU kernels for the time loops of the fast paths; loaded by models/fast/native.py.
 //
-// Why by hand: on a CPU the TorchScript loops of models/fast/gated.py and models/fast/scans.py spend
+// Why by hand: on a CPU the TorchScript loops of models/fast/loops.py and models/fast/scans.py spend
 // most of their time launching 4-9 small kernels per time step (about 9 us each), not computing, and
 // a multi-threaded BLAS call on a product of B = 8-32 rows barely uses the second core. Here each
 // time step is one fused pass over its values: for the cells with a recurrent matrix the threads
@@ -11,7 +11,9 @@
 // numerical code of our own beyond the equations.
 //
 // One translation unit (it runs past 450 lines for that reason): the build compiles one file, and the
-// kernels share their vector helpers and the thread split.
+// kernels share their vector helpers and the thread split. The units of the gated family (BRU, Li-BRU,
+// Li-GRU, GRU, LSTM, MGU, RNN) are each a short struct, their elementwise step and its derivatives,
+// run by one pair of drivers (see "The units of the gated family").
 //
 // Every op mirrors a TorchScript loop that stays as the fallback (GPU tensors, no C++ compiler), and
 // the tests hold both to the reference loop of each unit. Layout is time-major: (T, B, width),
@@ -24,6 +26,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -59,6 +63,17 @@ inline Vec<T> softplus_difference(const Vec<T>& u, const Vec<T>& v) {
   const Vec<T> zero(T(0)), one(T(1));
   const auto ratio = (one + u.abs().neg().exp()) / (one + v.abs().neg().exp());
   return at::vec::maximum(u, zero) - at::vec::maximum(v, zero) + ratio.log();
+}
+
+// tanh(a) = sign(a) (-e) / (2 + e) with e = expm1(-2 |a|): one expm1 and a division, about half the
+// time of ATen's vectorised tanh (the baselines' steps are mostly tanh), and as accurate relative to
+// the value at any a (expm1, not exp: no cancellation near 0).
+template <typename T>
+inline Vec<T> fast_tanh(const Vec<T>& a) {
+  const Vec<T> zero(T(0));
+  const auto e = (a.abs() * Vec<T>(T(-2))).expm1();
+  const auto y = e.neg() / (Vec<T>(T(2)) + e);
+  return Vec<T>::blendv(y, y.neg(), a < zero);
 }
 
 template <typename T>
@@ -247,7 +262,7 @@ std::tuple<Tensor, Tensor> kalman_smoother_backward(const Tensor& grad, const Te
 }
 
 // ---------------------------------------------------------------------------------------------
-// Cells with a recurrent matrix (models/fast/gated.py).
+// Cells with a recurrent matrix (models/fast/gated.py; their TorchScript mirrors in models/fast/loops.py).
 //
 // With B of 8-32 sequences the per-step product h_{t-1} @ W is a GEMM of a few rows, which a
 // multi-threaded BLAS call barely speeds up, and the elementwise step after it is too small to
@@ -286,6 +301,58 @@ void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, 
             at::from_blob(const_cast<T*>(a), {k, m}, {lda, 1}, options), beta, 1);
 }
 
+// MKL's packed GEMM (float only; weak, like sgemm_): A packed once into the BLAS's own layout, then
+// multiplied many times.
+extern "C" {
+size_t sgemm_pack_get_size_(const char*, const int*, const int*, const int*) __attribute__((weak));
+void sgemm_pack_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+                 float*) __attribute__((weak));
+void sgemm_compute_(const char*, const char*, const int*, const int*, const int*, const float*, const int*,
+                    const float*, const int*, const float*, float*, const int*) __attribute__((weak));
+}
+
+// A product that every time step repeats with the same left operand: column-major C (m, n) = A (m, k)
+// B (k, n) + beta C for a fixed A (a thread's block of the recurrent matrix). Each GEMM call repacks A
+// into the BLAS's internal layout, which for the few columns of B here (the batch) costs about as much
+// as the multiplication; MKL's packed GEMM packs it once per time loop. Where the BLAS has none (float64,
+// another BLAS) it is gemm() itself.
+template <typename T>
+class StepProduct {
+ public:
+  StepProduct(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda) : m_(m), n_(n), k_(k), a_(a), lda_(lda) {
+#ifndef BRU_KALDI_ATEN_GEMM
+    if constexpr (std::is_same_v<T, float>) {
+      if (sgemm_pack_get_size_ && sgemm_pack_ && sgemm_compute_ && m > 0 && n > 0 && k > 0) {
+        const int mi = m, ni = n, ki = k, ldai = lda;
+        const float one = 1;
+        const size_t bytes = sgemm_pack_get_size_("A", &mi, &ni, &ki);
+        packed_.reset(static_cast<float*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+        if (packed_) sgemm_pack_("A", "N", &mi, &ni, &ki, &one, a, &ldai, packed_.get());
+      }
+    }
+#endif
+  }
+
+  void operator()(const T* b, int64_t ldb, T beta, T* c, int64_t ldc) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (packed_) {
+        const int mi = m_, ni = n_, ki = k_, ldbi = ldb, ldci = ldc;
+        return sgemm_compute_("P", "N", &mi, &ni, &ki, packed_.get(), &mi, b, &ldbi, &beta, c, &ldci);
+      }
+    }
+    gemm<T>(m_, n_, k_, a_, lda_, b, ldb, beta, c, ldc);
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  int64_t m_, n_, k_;
+  const T* a_;
+  int64_t lda_;
+  std::unique_ptr<float, Free> packed_;
+};
+
 constexpr int64_t kMinUnitsPerThread = 16;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -305,155 +372,459 @@ std::pair<int64_t, int64_t> own_units(int64_t H, int tid, int threads) {
 }
 
 // Forward time loop of a layer with G gates: for t = 0..T-1, U = h_{t-1} @ weight_t restricted to
-// the calling thread's units, then step(t, u0, u1, U, ldu) writes h_t (out[t]) for units [u0, u1),
+// the calling thread's units, then step(t, u0, u1, U, ldu, 0) writes h_t (out[t]) for units [u0, u1),
 // reading gate g of unit j at U[b * ldu + g * (u1 - u0) + j - u0]. weight_t (H, G*H), h0 (B, H),
 // out (T, B, H).
+// The last `inner` gates may multiply another vector than h_{t-1} (MGU: U_h (f * h_{t-1})): then
+// step(..., 0) writes that vector to mid (B, H) for its units, and after a barrier those gates' part
+// of U is mid @ weight_t and step(..., 1) writes h_t: one barrier a step more, for those units only.
 template <typename T, typename Step>
-void forward_loop(int64_t steps, int64_t B, int64_t H, int64_t gates, const T* weight_t, const T* h0, const T* out,
-                  const Step& step) {
+void forward_loop(int64_t steps, int64_t B, int64_t H, int64_t gates, int64_t inner, const T* weight_t, const T* h0,
+                  const T* out, const T* mid, const Step& step) {
   std::vector<T> packed(H * gates * H), scratch(B * gates * H);
 #pragma omp parallel num_threads(planned_threads(H))
   {
     const int threads = omp_get_num_threads(), tid = omp_get_thread_num();
     const auto [u0, u1] = own_units<T>(H, tid, threads);
-    const int64_t n = u1 - u0, ld = gates * n;
+    const int64_t n = u1 - u0, ld = gates * n, outer = gates - inner;
     T* block = packed.data() + H * gates * u0;  // (H, G*n): this thread's columns of every gate
     T* U = scratch.data() + B * gates * u0;     // (B, G*n)
     for (int64_t i = 0; i < H; ++i)
       for (int64_t g = 0; g < gates; ++g)
         std::copy(weight_t + i * gates * H + g * H + u0, weight_t + i * gates * H + g * H + u1, block + i * ld + g * n);
+    // row-major U = h_{t-1} @ block is column-major U^T = block^T h_{t-1}^T
+    const StepProduct<T> product(outer * n, B, H, block, ld), inner_product(inner * n, B, H, block + outer * n, ld);
     for (int64_t t = 0; t < steps; ++t) {
       if (n > 0) {
-        // row-major U = h_{t-1} @ block is column-major U^T = block^T h_{t-1}^T
-        gemm<T>(ld, B, H, block, ld, t ? out + (t - 1) * B * H : h0, H, T(0), U, ld);
-        step(t, u0, u1, U, ld);
+        product(t ? out + (t - 1) * B * H : h0, H, T(0), U, ld);
+        step(t, u0, u1, U, ld, 0);
+      }
+      if (inner) {  // the same for every thread
+#pragma omp barrier
+        if (n > 0) {
+          inner_product(mid, H, T(0), U + outer * n, ld);
+          step(t, u0, u1, U, ld, 1);
+        }
       }
 #pragma omp barrier
     }
   }
 }
 
-// Backward time loop: for t = T-1..0, step(t, u0, u1, g_t, g_previous) fills the rows du[t] of the
+// Backward time loop: for t = T-1..0, step(t, u0, u1, g_t, g_previous, 0) fills the rows du[t] of the
 // calling thread's units (every gate) and sets g_previous[:, u0:u1] to what reaches h_{t-1} other
 // than through W; then g_{t-1} = g_previous + du[t] @ weight. weight (width, H), du (T, B, width),
 // g_last = dL/dh_{T-1} (B, H). Writes dL/dh_{-1} (B, H) to grad_h0.
+// With `inner` gates (see forward_loop) step(..., 0) fills only their rows of du[t]; after a barrier
+// mid[:, u0:u1] = du[t][inner gates] @ weight[inner gates][:, u0:u1], the gradient of the vector they
+// multiply, and step(..., 1) fills the other rows and g_previous.
 template <typename T, typename Step>
-void backward_loop(int64_t steps, int64_t B, int64_t H, int64_t width, const T* weight, T* du, const T* g_last,
-                   T* grad_h0, const Step& step) {
+void backward_loop(int64_t steps, int64_t B, int64_t H, int64_t width, int64_t inner, const T* weight, T* du,
+                   const T* g_last, T* grad_h0, T* mid, const Step& step) {
   std::vector<T> turns(2 * B * H);
   auto slot = [&](int64_t t) -> T* {  // where g_t lives, t = -1 .. T-1: two buffers in turn
     return t < 0 ? grad_h0 : turns.data() + (t % 2) * B * H;
   };
   std::copy(g_last, g_last + B * H, slot(steps - 1));
+  const int64_t outer = width - inner * H;  // columns of du that multiply h_{t-1}
 #pragma omp parallel num_threads(planned_threads(H))
   {
     const int threads = omp_get_num_threads(), tid = omp_get_thread_num();
     const auto [u0, u1] = own_units<T>(H, tid, threads);
+    // previous[:, u0:u1] += du[t] @ weight[:, u0:u1] is column-major W_block^T du^T
+    const StepProduct<T> product(u1 - u0, B, outer, weight + u0, H),
+        inner_product(u1 - u0, B, inner * H, weight + outer * H + u0, H);
     for (int64_t t = steps - 1; t >= 0; --t) {
       T* previous = slot(t - 1);
-      if (u1 > u0) step(t, u0, u1, slot(t), previous);
+      T* rows = du + t * B * width;
+      if (u1 > u0) step(t, u0, u1, slot(t), previous, 0);
+      if (inner) {
 #pragma omp barrier
-      if (u1 > u0)  // previous[:, u0:u1] += du[t] @ weight[:, u0:u1] (column-major: W_block^T du^T)
-        gemm<T>(u1 - u0, B, width, weight + u0, H, du + t * B * width, width, T(1), previous + u0, H);
+        if (u1 > u0) {
+          inner_product(rows + outer, width, T(0), mid + u0, H);
+          step(t, u0, u1, slot(t), previous, 1);
+        }
+      }
+#pragma omp barrier
+      if (u1 > u0) product(rows, width, T(1), previous + u0, H);
       // No second barrier: the next step reads only this thread's units of g, and writes rows du[t-1].
     }
   }
 }
 
-enum GatedKind { kBRU, kLiBRU, kLiGRU };
+// ---------------------------------------------------------------------------------------------
+// The units of the gated family, each described by its elementwise step: a struct with its number
+// of gates (columns of proj, rows of W, in the cell's order), how many values per unit and frame it
+// keeps for backward, its `forward` (h_t from the gates' inputs) and `backward` (the gradients of the
+// gates' pre-activations from dL/dh_t, and what reaches h_{t-1} other than through W). What differs
+// from one unit to the next is only there; the drivers below (unit_forward, unit_backward) run every
+// unit through forward_loop / backward_loop. Flags, false unless a unit sets them:
+//   kCell    a second state per unit, c (LSTM), carried forward and its gradient backward;
+//   kInner   1 when the last gate multiplies its own vector, not h_{t-1} (MGU: U_h (f * h_{t-1}));
+//   kScaled  the last gate's product U h + b is scaled before it meets the projection (GRU's reset
+//            gate on U_n h + b_hn), so the projection's gradient of that gate, dq, differs from du's.
 
-// The one table that ties a unit's name (models.UNITS, as the Python fast paths pass it) to its
-// fused kernel: callers pass the name, never a number that depends on the order of a list.
-GatedKind gated_kind(c10::string_view unit) {
-  if (unit == "bru") return kBRU;
-  if (unit == "libru") return kLiBRU;
-  if (unit == "ligru") return kLiGRU;
-  TORCH_CHECK(false, "gated_forward: no fused kernel for unit '", std::string(unit), "' (bru, libru, ligru)");
+// One vector of units [j, j + m) of sequence b at frame t, forward.
+template <typename T>
+struct ForwardLane {
+  const T* p;        // proj[t, b] at unit j: gate g at p[g * H]
+  const T* u;        // this thread's product U[b] at unit j: gate g at u[g * n]
+  const T* bias;     // b_hh at unit j (gate g at bias[g * H]), or nullptr
+  const T* h;        // h_{t-1}[b] at unit j
+  const T* c;        // kCell: c_{t-1}[b] at unit j, nullptr at t = 0 (c_{-1} = 0)
+  T* c_next;         // kCell: c_t[b] at unit j
+  T* kept;           // kept[t, b] at unit j: value k at kept[k * H]; nullptr when nothing is kept
+  T* mid;            // kInner: the vector the last gate multiplies, [b] at unit j
+  int64_t H, n, m;   // the gate strides of p and u; the vector's length
+
+  Vec<T> product(int64_t g) const {  // U_g h_{t-1} + b_g
+    const auto v = load(u + g * n, m);
+    return bias ? v + load(bias + g * H, m) : v;
+  }
+  Vec<T> proj(int64_t g) const { return load(p + g * H, m); }
+  Vec<T> pre(int64_t g) const { return proj(g) + product(g); }
+  Vec<T> previous() const { return load(h, m); }
+  void keep(int64_t k, const Vec<T>& v) const {
+    if (kept) v.store(kept + k * H, m);
+  }
+};
+
+// The same vector of units, backward.
+template <typename T>
+struct BackwardLane {
+  Vec<T> g;          // dL/dh_t, everything included
+  const T* kept;     // kept[t, b] at unit j
+  const T* out;      // h_t[b] at unit j
+  const T* h;        // h_{t-1}[b] at unit j
+  const T* c;        // kCell: c_t and c_{t-1} at unit j (c_before nullptr at t = 0)
+  const T* c_before;
+  T* dc;             // kCell: dL/dc_t from frame t + 1 in, dL/dc_{t-1} out
+  T* du;             // du[t, b] at unit j: gate g at du[g * H]
+  T* dq;             // kScaled: dq[t, b] at unit j
+  const T* mid;      // kInner: the gradient of the vector the last gate multiplies
+  T* dbias;          // the sum of du over frames and sequences so far, at unit j, or nullptr
+  int64_t H, m;
+
+  Vec<T> saved(int64_t k) const { return load(kept + k * H, m); }
+  Vec<T> previous() const { return load(h, m); }
+  void grad(int64_t gate, const Vec<T>& v) const {
+    v.store(du + gate * H, m);
+    if (dbias) (load(dbias + gate * H, m) + v).store(dbias + gate * H, m);
+  }
+};
+
+template <typename T>
+inline Vec<T> sigmoid_derivative(const Vec<T>& s) {  // from sigma(a)
+  return s * (Vec<T>(T(1)) - s);
 }
 
-// BRU (eq. 6, log h), Li-BRU (eq. 7c, log h) and Li-GRU (eq. 8) forward; see fast.gated._*_loop.
-// proj (T, B, G*H), weight_t (H, G*H), h0 (B, H) -> out (T, B, H) and what backward needs besides
-// out: the pre-activations a (Li-GRU; BRU needs none) or [log z, log h~] (Li-BRU), and for Li-BRU
-// log h_{t-1} - a_z. Without train those keep one slot, overwritten every step.
-std::tuple<Tensor, Tensor, Tensor> gated_forward(c10::string_view unit, const Tensor& proj, const Tensor& weight_t,
-                                                 const Tensor& h0, bool train) {
-  check_cpu_contiguous(proj, "proj"), check_cpu_contiguous(weight_t, "weight_t"), check_cpu_contiguous(h0, "h0");
-  const GatedKind kind = gated_kind(unit);
-  const int64_t T = proj.size(0), B = proj.size(1), width = proj.size(2), H = weight_t.size(0), gates = width / H;
-  const int64_t slots = train ? T : 1;
-  Tensor out = at::empty({T, B, H}, proj.options());
-  Tensor saved = at::empty({kind == kBRU ? 0 : slots, B, width}, proj.options());
-  Tensor diff = at::empty({kind == kLiBRU ? slots : 0, B, H}, proj.options());
+template <typename T>
+inline Vec<T> tanh_derivative(const Vec<T>& y) {  // from tanh(a)
+  return Vec<T>(T(1)) - y * y;
+}
+
+struct Unit {  // the defaults
+  static constexpr int64_t kKept = 0, kInner = 0;
+  static constexpr bool kCell = false, kScaled = false;
+};
+
+// BRU, eq. 6: log h_t = log sigma(a). Keeps nothing: d log sigma(a) / da = 1 - sigma(a) = -expm1(log h_t).
+struct BRU : Unit {
+  static constexpr int64_t kGates = 1;
+  template <typename T>
+  static Vec<T> forward(const ForwardLane<T>& x) { return log_sigmoid(x.pre(0)); }
+  template <typename T>
+  static Vec<T> backward(const BackwardLane<T>& x) {
+    x.grad(0, x.g * load(x.out, x.m).expm1().neg());
+    return Vec<T>(T(0));
+  }
+};
+
+// Li-BRU, eq. 7c in log space, gates [z, h~]: log h_t = log z + logaddexp(log h~, log h_{t-1} - a_z), as
+// log(1 - z) = log z - a_z. Keeps [log z, log h~, log h_{t-1} - a_z].
+struct LiBRU : Unit {
+  static constexpr int64_t kGates = 2, kKept = 3;
+  template <typename T>
+  static Vec<T> forward(const ForwardLane<T>& x) {
+    const auto a_z = x.pre(0), log_z = log_sigmoid(a_z), log_c = log_sigmoid(x.pre(1)), d = x.previous() - a_z;
+    x.keep(0, log_z), x.keep(1, log_c), x.keep(2, d);
+    return log_z + logaddexp(log_c, d);
+  }
+  // With w = z h~ / h_t (the new candidate's weight in eq. 7c): dlog h_t / da_z = w - z,
+  // dlog h_t / da_h = w (1 - h~), dlog h_t / dlog h_{t-1} = (1 - z) h_{t-1} / h_t.
+  template <typename T>
+  static Vec<T> backward(const BackwardLane<T>& x) {
+    const auto log_z = x.saved(0), log_c = x.saved(1), ratio = log_z - load(x.out, x.m);  // log z - log h_t
+    const auto w = (ratio + log_c).exp();
+    x.grad(0, x.g * (w - log_z.exp()));
+    x.grad(1, x.g * w * log_c.expm1().neg());
+    return x.g * (x.saved(2) + ratio).exp();
+  }
+};
+
+// Li-GRU, eq. 8, gates [z, h~]: h_t = h_{t-1} + z (relu(a_h) - h_{t-1}). Keeps the pre-activations.
+struct LiGRU : Unit {
+  static constexpr int64_t kGates = 2, kKept = 2;
+  template <typename T>
+  static Vec<T> forward(const ForwardLane<T>& x) {
+    const auto a_z = x.pre(0), a_h = x.pre(1), h = x.previous();
+    x.keep(0, a_z), x.keep(1, a_h);
+    return at::vec::fmadd(sigmoid(a_z), at::vec::maximum(a_h, Vec<T>(T(0))) - h, h);
+  }
+  template <typename T>
+  static Vec<T> backward(const BackwardLane<T>& x) {
+    const Vec<T> zero(T(0)), one(T(1));
+    const auto a_h = x.saved(1), z = sigmoid(x.saved(0));
+    x.grad(0, x.g * (at::vec::maximum(a_h, zero) - x.previous()) * sigmoid_derivative(z));
+    x.grad(1, x.g * Vec<T>::blendv(zero, z, a_h > zero));
+    return x.g * (one - z);
+  }
+};
+
+// Elman RNN, h_t = tanh(a) or relu(a). Keeps nothing: both derivatives come from h_t (relu's is
+// 0 at 0, as torch's).
+struct RNNTanh : Unit {
+  static constexpr int64_t kGates = 1;
+  template <typename T>
+  static Vec<T> forward(const ForwardLane<T>& x) { return fast_tanh(x.pre(0)); }
+  template <typename T>
+  static Vec<T> backward(const BackwardLane<T>& x) {
+    x.grad(0, x.g * tanh_derivative(load(x.out, x.m)));
+    return Vec<T>(T(0));
+  }
+};
+
+struct RNNReLU : Unit {
+  static constexpr int64_t kGates = 1;
+  template <typename T>
+  static Vec<T> forward(const ForwardLane<T>& x) { return at::vec::maximum(x.pre(0), Vec<T>(T(0))); }
+  template <typename T>
+  static Vec<T> backward(const BackwardLane<T>& x) {
+    const Vec<T> zero(T(0));
+    x.grad(0, Vec<T>::blendv(zero, x.g, load(x.out, x.m) > zero));
+    return zero;
+  }
+};
+
+// GRU in PyTorch's convention, gates [r, z, n]: n = tanh(p_n + r e) with e = U_n h_{t-1} + b_hn,
+// h_t = n + z (h_{t-1} - n). Keeps [r, z, n, e].
+struct GRU : Unit {
+  static constexpr int64_t kGates = 3, kKept = 4;
+  static constexpr bool kScaled = true;
+  template <typename T>
+  static Vec<T> forward(const ForwardLane<T>& x) {
+    const auto r = sigmoid(x.pre(0)), z = sigmoid(x.pre(1)), e = x.product(2);
+    const auto n = fast_tanh(at::vec::fmadd(r, e, x.proj(2)));
+    x.keep(0, r), x.keep(1, z), x.keep(2, n), x.keep(3, e);
+    return at::vec::fmadd(z, x.previous() - n, n);
+  }
+  template <typename T>
+  static Vec<T> backward(const BackwardLane<T>& x) {
+    const Vec<T> one(T(1));
+    const auto r = x.saved(0), z = x.saved(1), n = x.saved(2), e = x.saved(3);
+    const auto dq = x.g * (one - z) * tanh_derivative(n);  // of p_n + r e
+    dq.store(x.dq, x.m);
+    x.grad(0, dq * e * sigmoid_derivative(r));
+    x.grad(1, x.g * (x.previous() - n) * sigmoid_derivative(z));
+    x.grad(2, dq * r);  // of e
+    return x.g * z;
+  }
+};
+
+// LSTM in PyTorch's convention, gates [i, f, g, o]: c_t = f c_{t-1} + i g, h_t = o tanh(c_t), c_{-1} = 0.
+// Keeps the gate values, and c_t (tanh(c_t) is recomputed backward).
+struct LSTM : Unit {
+  static constexpr int64_t kGates = 4, kKept = 4;
+  static constexpr bool kCell = true;
+  template <typename T>
+  static Vec<T> forward(const ForwardLane<T>& x) {
+    const auto i = sigmoid(x.pre(0)), f = sigmoid(x.pre(1)), g = fast_tanh(x.pre(2)), o = sigmoid(x.pre(3));
+    const auto c = x.c ? at::vec::fmadd(f, load(x.c, x.m), i * g) : i * g;
+    c.store(x.c_next, x.m);
+    x.keep(0, i), x.keep(1, f), x.keep(2, g), x.keep(3, o);
+    return o * fast_tanh(c);
+  }
+  template <typename T>
+  static Vec<T> backward(const BackwardLane<T>& x) {
+    const auto i = x.saved(0), f = x.saved(1), g = x.saved(2), o = x.saved(3), tc = fast_tanh(load(x.c, x.m));
+    const auto dc = at::vec::fmadd(x.g * o, tanh_derivative(tc), load(x.dc, x.m));
+    x.grad(0, dc * g * sigmoid_derivative(i));
+    x.grad(1, x.c_before ? dc * load(x.c_before, x.m) * sigmoid_derivative(f) : Vec<T>(T(0)));
+    x.grad(2, dc * i * tanh_derivative(g));
+    x.grad(3, x.g * tc * sigmoid_derivative(o));
+    (dc * f).store(x.dc, x.m);
+    return Vec<T>(T(0));
+  }
+};
+
+// Minimal gated unit, gates [f, h~]: s = f h_{t-1}, h~ = tanh(p_h + U_h s), h_t = h_{t-1} + f (h~ - h_{t-1}).
+// The candidate's product needs all of s, hence kInner: `inner` writes s, `forward` runs after the
+// barrier (and recomputes f, one sigmoid, rather than keep it per thread). Keeps [f, h~].
+struct MGU : Unit {
+  static constexpr int64_t kGates = 2, kKept = 2, kInner = 1;
+  template <typename T>
+  static void inner(const ForwardLane<T>& x) {
+    const auto f = sigmoid(x.pre(0));
+    (f * x.previous()).store(x.mid, x.m);
+    x.keep(0, f);
+  }
+  template <typename T>
+  static Vec<T> forward(const ForwardLane<T>& x) {
+    const auto f = sigmoid(x.pre(0)), c = fast_tanh(x.pre(1)), h = x.previous();
+    x.keep(1, c);
+    return at::vec::fmadd(f, c - h, h);
+  }
+  template <typename T>
+  static void backward_inner(const BackwardLane<T>& x) {  // da_h, whose product gives dL/ds (mid)
+    x.grad(1, x.g * x.saved(0) * tanh_derivative(x.saved(1)));
+  }
+  template <typename T>
+  static Vec<T> backward(const BackwardLane<T>& x) {
+    const Vec<T> one(T(1));
+    const auto f = x.saved(0), c = x.saved(1), h = x.previous(), ds = load(x.mid, x.m);
+    x.grad(0, at::vec::fmadd(x.g, c - h, ds * h) * sigmoid_derivative(f));
+    return at::vec::fmadd(x.g, one - f, ds * f);
+  }
+};
+
+// The one table that ties a unit's name, as the Python fast paths pass it (models.UNITS; rnn_tanh and
+// rnn_relu for the rnn's two activations), to its step: callers pass the name, never a number that
+// depends on the order of a list.
+template <typename F>
+auto with_unit(c10::string_view unit, const F& f) {
+  if (unit == "bru") return f(BRU{});
+  if (unit == "libru") return f(LiBRU{});
+  if (unit == "ligru") return f(LiGRU{});
+  if (unit == "gru") return f(GRU{});
+  if (unit == "lstm") return f(LSTM{});
+  if (unit == "mgu") return f(MGU{});
+  if (unit == "rnn_tanh") return f(RNNTanh{});
+  if (unit == "rnn_relu") return f(RNNReLU{});
+  TORCH_CHECK(false, "no fused kernel for unit '", std::string(unit),
+              "' (bru, libru, ligru, gru, lstm, mgu, rnn_tanh, rnn_relu)");
+}
+
+// The forward pass of unit K; see gated_forward.
+template <typename K>
+std::tuple<Tensor, Tensor, Tensor> unit_forward(const Tensor& proj, const Tensor& weight_t, const Tensor& bias,
+                                                const Tensor& h0, bool train) {
+  const int64_t T = proj.size(0), B = proj.size(1), width = proj.size(2), H = weight_t.size(0);
+  TORCH_CHECK(width == K::kGates * H && weight_t.size(1) == width, "gated_forward: expected ", K::kGates,
+              " gates of ", H, " units, got proj of width ", width);
+  TORCH_CHECK(bias.numel() == 0 || bias.numel() == width, "gated_forward: bias must be empty or of width ", width);
+  const auto options = proj.options();
+  const int64_t kw = K::kKept * H;
+  Tensor out = at::empty({T, B, H}, options), kept = at::empty({train && kw ? T : 0, B, kw}, options);
+  Tensor cell = at::empty({K::kCell ? (train ? T : 1) : 0, B, H}, options);  // LSTM's c: all of it, or the last
+  Tensor mid = at::empty({K::kInner ? B : 0, H}, options);
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "gated_forward", [&] {
-    const scalar_t* pp = proj.data_ptr<scalar_t>();
-    scalar_t *outp = out.data_ptr<scalar_t>(), *sp = saved.data_ptr<scalar_t>(), *dp = diff.data_ptr<scalar_t>();
-    auto step = [&](int64_t t, int64_t u0, int64_t u1, const scalar_t* U, int64_t ldu) {
-      const int64_t n = u1 - u0, slot = train ? t : 0;
-      for (int64_t b = 0; b < B; ++b) {
-        const scalar_t *pb = pp + (t * B + b) * width, *Ub = U + b * ldu - u0;
-        const scalar_t* h_previous = (t ? outp + ((t - 1) * B + b) * H : h0.data_ptr<scalar_t>() + b * H);
-        scalar_t *hn = outp + (t * B + b) * H, *kept = sp + (slot * B + b) * width;
-        vec_for<scalar_t>(n, [&](int64_t i, int64_t m) {
-          const int64_t j = u0 + i;
-          const auto a_z = load(pb + j, m) + load(Ub + j, m);
-          if (kind == kBRU) {  // backward needs only log h: 1 - sigma(a) = -expm1(log h)
-            log_sigmoid(a_z).store(hn + j, m);
-            return;
-          }
-          const auto a_h = load(pb + H + j, m) + load(Ub + n + j, m), h = load(h_previous + j, m);
-          if (kind == kLiGRU) {  // h + z (relu(a_h) - h)
-            a_z.store(kept + j, m), a_h.store(kept + H + j, m);
-            at::vec::fmadd(sigmoid(a_z), at::vec::maximum(a_h, Vec<scalar_t>(scalar_t(0))) - h, h).store(hn + j, m);
-            return;
-          }
-          // log h_t = log z + logaddexp(log h~, log h_{t-1} - a_z), as log(1 - z) = log z - a_z
-          const auto log_z = log_sigmoid(a_z), log_c = log_sigmoid(a_h), d = h - a_z;
-          log_z.store(kept + j, m), log_c.store(kept + H + j, m);
-          d.store(dp + (slot * B + b) * H + j, m);
-          (log_z + logaddexp(log_c, d)).store(hn + j, m);
-        });
-      }
-    };
-    forward_loop<scalar_t>(T, B, H, gates, weight_t.data_ptr<scalar_t>(), h0.data_ptr<scalar_t>(), outp, step);
-  });
-  return {out, saved, diff};
-}
-
-// The sequential part of the backward pass of gated_forward (fast.gated._gated_backward):
-// da_t = K_t * g_t (g_t repeated per gate), g_{t-1} = grad_out_{t-1} + C_t * g_t + da_t @ weight.
-// K (T, B, G*H), C (T, B, H), grad_out (T, B, H), weight (G*H, H) -> da (T, B, G*H), dL/dh_0 (B, H).
-std::tuple<Tensor, Tensor> gated_backward(const Tensor& K, const Tensor& C, const Tensor& grad_out,
-                                          const Tensor& weight) {
-  check_cpu_contiguous(K, "K"), check_cpu_contiguous(C, "C"), check_cpu_contiguous(grad_out, "grad_out");
-  check_cpu_contiguous(weight, "weight");
-  const int64_t T = K.size(0), B = K.size(1), width = K.size(2), H = grad_out.size(2), gates = width / H;
-  Tensor da = at::empty_like(K), grad_h0 = at::empty({B, H}, grad_out.options());
-  AT_DISPATCH_FLOATING_TYPES(K.scalar_type(), "gated_backward", [&] {
-    const scalar_t *Kp = K.data_ptr<scalar_t>(), *Cp = C.data_ptr<scalar_t>(), *gop = grad_out.data_ptr<scalar_t>();
-    scalar_t* dap = da.data_ptr<scalar_t>();
-    auto step = [&](int64_t t, int64_t u0, int64_t u1, const scalar_t* g, scalar_t* previous) {
+    const scalar_t *pp = proj.data_ptr<scalar_t>(), *h0p = h0.data_ptr<scalar_t>();
+    const scalar_t* bp = bias.numel() ? bias.data_ptr<scalar_t>() : nullptr;
+    scalar_t *outp = out.data_ptr<scalar_t>(), *kp = kept.data_ptr<scalar_t>(), *cp = cell.data_ptr<scalar_t>(),
+             *mp = mid.data_ptr<scalar_t>();
+    auto step = [&](int64_t t, int64_t u0, int64_t u1, const scalar_t* U, int64_t ldu, int phase) {
+      const int64_t n = u1 - u0;
       for (int64_t b = 0; b < B; ++b) {
         const int64_t row = t * B + b;
-        const scalar_t *gb = g + b * H, *Cb = Cp + row * H, *Kb = Kp + row * width;
-        const scalar_t* following = t ? gop + (row - B) * H : nullptr;
-        scalar_t *dab = dap + row * width, *pb = previous + b * H;
-        vec_for<scalar_t>(u1 - u0, [&](int64_t i, int64_t m) {
+        const scalar_t* hb = t ? outp + (row - B) * H : h0p + b * H;
+        scalar_t* c_next = K::kCell ? cp + (train ? row : b) * H : nullptr;  // without train c_t overwrites c_{t-1}
+        const scalar_t* c = K::kCell && t ? (train ? c_next - B * H : c_next) : nullptr;
+        vec_for<scalar_t>(n, [&](int64_t i, int64_t m) {
           const int64_t j = u0 + i;
-          const auto gv = load(gb + j, m);
-          for (int64_t q = 0; q < gates; ++q) (load(Kb + q * H + j, m) * gv).store(dab + q * H + j, m);
-          auto c = load(Cb + j, m) * gv;
-          if (following) c = c + load(following + j, m);
-          c.store(pb + j, m);
+          const ForwardLane<scalar_t> x{pp + row * width + j, U + b * ldu + i, bp ? bp + j : nullptr, hb + j,
+                                        c ? c + j : nullptr, c_next ? c_next + j : nullptr,
+                                        kept.size(0) ? kp + row * kw + j : nullptr, K::kInner ? mp + b * H + j : nullptr,
+                                        H, n, m};
+          if constexpr (K::kInner > 0) {
+            if (phase == 0) return K::inner(x);
+          }
+          K::forward(x).store(outp + row * H + j, m);
         });
       }
     };
-    backward_loop<scalar_t>(T, B, H, width, weight.data_ptr<scalar_t>(), dap, gop + (T - 1) * B * H,
-                            grad_h0.data_ptr<scalar_t>(), step);
+    forward_loop<scalar_t>(T, B, H, K::kGates, K::kInner, weight_t.data_ptr<scalar_t>(), h0p, outp, mp, step);
   });
-  return {da, grad_h0};
+  return {out, kept, cell};
 }
 
-// TPAMI layer-wise BRU forward, eq. 72-75 and 77 (fast.gated._lbru_loop): gates [z, r, n(, s)],
+// Forward pass of a unit of the gated family (fast.gated.GatedRecurrence; the TorchScript loops of
+// fast.loops mirror it): h_t = step(proj_t + W h_{t-1} + b, h_{t-1}) for the named unit.
+// proj (T, B, G*H), weight_t (H, G*H), bias (G*H) or empty, h0 (B, H) -> out (T, B, H), kept
+// (T, B, kKept*H), what backward needs besides out (empty without train), and LSTM's c (T, B, H),
+// (1, B, H) without train, else empty.
+std::tuple<Tensor, Tensor, Tensor> gated_forward(c10::string_view unit, const Tensor& proj, const Tensor& weight_t,
+                                                 const Tensor& bias, const Tensor& h0, bool train) {
+  check_cpu_contiguous(proj, "proj"), check_cpu_contiguous(weight_t, "weight_t"), check_cpu_contiguous(h0, "h0");
+  check_cpu_contiguous(bias, "bias");
+  return with_unit(unit, [&](auto kind) { return unit_forward<decltype(kind)>(proj, weight_t, bias, h0, train); });
+}
+
+// The backward pass of unit K; see gated_backward.
+template <typename K>
+std::tuple<Tensor, Tensor, Tensor, Tensor> unit_backward(const Tensor& kept, const Tensor& cell, const Tensor& out,
+                                                         const Tensor& h0, const Tensor& grad_out, const Tensor& weight,
+                                                         bool bias_grad) {
+  const int64_t T = out.size(0), B = out.size(1), H = out.size(2), width = weight.size(0);
+  TORCH_CHECK(width == K::kGates * H, "gated_backward: expected ", K::kGates, " gates of ", H, " units");
+  TORCH_CHECK(kept.numel() == T * B * K::kKept * H, "gated_backward: kept must be (T, B, ", K::kKept, " H)");
+  TORCH_CHECK(!K::kCell || cell.numel() == T * B * H, "gated_backward: the cell state must be (T, B, H)");
+  const auto options = out.options();
+  const int64_t kw = K::kKept * H;
+  Tensor du = at::empty({T, B, width}, options), dq = at::empty({K::kScaled ? T : 0, B, H}, options);
+  Tensor grad_h0 = at::empty({B, H}, options), dc = at::zeros({K::kCell ? B : 0, H}, options);
+  Tensor mid = at::empty({K::kInner ? B : 0, H}, options);
+  Tensor grad_bias = at::zeros({bias_grad ? width : 0}, options);  // each thread sums its own units
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gated_backward", [&] {
+    const scalar_t *kp = kept.data_ptr<scalar_t>(), *cp = cell.data_ptr<scalar_t>(), *outp = out.data_ptr<scalar_t>(),
+                   *h0p = h0.data_ptr<scalar_t>(), *gop = grad_out.data_ptr<scalar_t>();
+    scalar_t *dup = du.data_ptr<scalar_t>(), *dqp = dq.data_ptr<scalar_t>(), *dcp = dc.data_ptr<scalar_t>(),
+             *mp = mid.data_ptr<scalar_t>(), *dbp = bias_grad ? grad_bias.data_ptr<scalar_t>() : nullptr;
+    auto step = [&](int64_t t, int64_t u0, int64_t u1, const scalar_t* g, scalar_t* previous, int phase) {
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t row = t * B + b;
+        const scalar_t* hb = t ? outp + (row - B) * H : h0p + b * H;
+        const scalar_t* following = t ? gop + (row - B) * H : nullptr;  // dL/dh_{t-1} from above
+        vec_for<scalar_t>(u1 - u0, [&](int64_t i, int64_t m) {
+          const int64_t j = u0 + i;
+          const BackwardLane<scalar_t> x{load(g + b * H + j, m), kp + row * kw + j, outp + row * H + j, hb + j,
+                                         K::kCell ? cp + row * H + j : nullptr,
+                                         K::kCell && t ? cp + (row - B) * H + j : nullptr,
+                                         K::kCell ? dcp + b * H + j : nullptr, dup + row * width + j,
+                                         K::kScaled ? dqp + row * H + j : nullptr,
+                                         K::kInner ? mp + b * H + j : nullptr, dbp ? dbp + j : nullptr, H, m};
+          if constexpr (K::kInner > 0) {
+            if (phase == 0) return K::backward_inner(x);
+          }
+          auto carried = K::backward(x);
+          if (following) carried = carried + load(following + j, m);
+          carried.store(previous + b * H + j, m);
+        });
+      }
+    };
+    backward_loop<scalar_t>(T, B, H, width, K::kInner, weight.data_ptr<scalar_t>(), dup, gop + (T - 1) * B * H,
+                            grad_h0.data_ptr<scalar_t>(), mp, step);
+  });
+  return {du, dq, grad_h0, grad_bias};
+}
+
+// Backward pass of gated_forward, the gate derivatives formed in the loop from what it kept:
+// du_t = dL/d(W h_{t-1} + b) per gate (from dL/dh_t), g_{t-1} = grad_out_{t-1} + (the unit's direct
+// path) + du_t @ weight (MGU: its candidate's rows give dL/ds first).
+// kept (T, B, kKept*H), cell (T, B, H) or empty, out (T, B, H), h0 (B, H), grad_out (T, B, H),
+// weight (G*H, H) -> du (T, B, G*H), dq (T, B, H) (GRU: the gradient of the projection of n, which
+// du's n slot is not; else empty), dL/dh_0 (B, H), and with bias_grad the sum of du over frames and
+// sequences (G*H), the gradient of b_hh, else empty.
+std::tuple<Tensor, Tensor, Tensor, Tensor> gated_backward(c10::string_view unit, const Tensor& kept, const Tensor& cell,
+                                                          const Tensor& out, const Tensor& h0, const Tensor& grad_out,
+                                                          const Tensor& weight, bool bias_grad) {
+  check_cpu_contiguous(kept, "kept"), check_cpu_contiguous(cell, "cell"), check_cpu_contiguous(out, "out");
+  check_cpu_contiguous(h0, "h0"), check_cpu_contiguous(grad_out, "grad_out"), check_cpu_contiguous(weight, "weight");
+  return with_unit(unit, [&](auto kind) {
+    return unit_backward<decltype(kind)>(kept, cell, out, h0, grad_out, weight, bias_grad);
+  });
+}
+
+// TPAMI layer-wise BRU forward, eq. 72-75 and 77 (fast.loops._lbru_loop): gates [z, r, n(, s)],
 // q_t = p_n + z_{t-1} (U_n h_{t-1} + b_hh), h_t = n + r (h_{t-1} - n) (input gate) or n_t.
 // proj (T, B, G*H), weight_t (H, G*H), bias (H), h0 (B, H) -> h (T, B, H), s (T, B, H) or empty,
 // and with train the gate values [z, r, n(, s)] (without the input gate [z, n(, s)]) and
@@ -473,7 +844,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lbru_forward(const Tensor& proj, cons
     const scalar_t *pp = proj.data_ptr<scalar_t>(), *bp = bias.data_ptr<scalar_t>(), *h0p = h0.data_ptr<scalar_t>();
     scalar_t *outp = out.data_ptr<scalar_t>(), *sp = s.data_ptr<scalar_t>(), *zp = z_previous.data_ptr<scalar_t>();
     scalar_t *prep = pre.data_ptr<scalar_t>(), *hidp = hidden.data_ptr<scalar_t>();
-    auto step = [&](int64_t t, int64_t u0, int64_t u1, const scalar_t* U, int64_t ldu) {
+    auto step = [&](int64_t t, int64_t u0, int64_t u1, const scalar_t* U, int64_t ldu, int /*phase*/) {
       const int64_t n = u1 - u0;
       for (int64_t b = 0; b < B; ++b) {
         const int64_t row = t * B + b;
@@ -510,7 +881,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> lbru_forward(const Tensor& proj, cons
         });
       }
     };
-    forward_loop<scalar_t>(T, B, H, gates, weight_t.data_ptr<scalar_t>(), h0p, outp, step);
+    forward_loop<scalar_t>(T, B, H, gates, 0, weight_t.data_ptr<scalar_t>(), h0p, outp, nullptr, step);
   });
   return {out, s, pre, hidden};
 }
@@ -547,7 +918,7 @@ std::tuple<Tensor, Tensor, Tensor> lbru_backward(const Tensor& gates, const Tens
                    *h0p = h0.data_ptr<scalar_t>(), *ghp = grad_h.data_ptr<scalar_t>(), *gsp = grad_s.data_ptr<scalar_t>();
     scalar_t *dup = du.data_ptr<scalar_t>(), *dqp = dq.data_ptr<scalar_t>();
     const V zero(scalar_t(0)), one(scalar_t(1));
-    auto step = [&](int64_t t, int64_t u0, int64_t u1, const scalar_t* g, scalar_t* previous) {
+    auto step = [&](int64_t t, int64_t u0, int64_t u1, const scalar_t* g, scalar_t* previous, int /*phase*/) {
       for (int64_t b = 0; b < B; ++b) {
         const int64_t row = t * B + b;
         const scalar_t *pb = gatep + row * kw, *gb = g + b * H;
@@ -582,8 +953,8 @@ std::tuple<Tensor, Tensor, Tensor> lbru_backward(const Tensor& gates, const Tens
         });
       }
     };
-    backward_loop<scalar_t>(T, B, H, width, weight.data_ptr<scalar_t>(), dup, ghp + (T - 1) * B * H,
-                            grad_h0.data_ptr<scalar_t>(), step);
+    backward_loop<scalar_t>(T, B, H, width, 0, weight.data_ptr<scalar_t>(), dup, ghp + (T - 1) * B * H,
+                            grad_h0.data_ptr<scalar_t>(), nullptr, step);
   });
   return {du, dq, grad_h0};
 }
@@ -595,8 +966,10 @@ TORCH_LIBRARY(bru_kaldi, m) {
   m.def("softplus_scan_backward(Tensor grad, Tensor k, Tensor x0, Tensor x, bool reverse) -> (Tensor, Tensor, Tensor)");
   m.def("kalman_smoother(Tensor x, Tensor k, Tensor last) -> Tensor");
   m.def("kalman_smoother_backward(Tensor grad, Tensor x, Tensor k, Tensor last, Tensor gamma) -> (Tensor, Tensor)");
-  m.def("gated_forward(str unit, Tensor proj, Tensor weight_t, Tensor h0, bool train) -> (Tensor, Tensor, Tensor)");
-  m.def("gated_backward(Tensor K, Tensor C, Tensor grad_out, Tensor weight) -> (Tensor, Tensor)");
+  m.def("gated_forward(str unit, Tensor proj, Tensor weight_t, Tensor bias, Tensor h0, bool train)"
+        " -> (Tensor, Tensor, Tensor)");
+  m.def("gated_backward(str unit, Tensor kept, Tensor cell, Tensor out, Tensor h0, Tensor grad_out, Tensor weight,"
+        " bool bias_grad) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("lbru_forward(Tensor proj, Tensor weight_t, Tensor bias, Tensor h0, bool train, bool input_gate)"
         " -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("lbru_backward(Tensor gates, Tensor E, Tensor h, Tensor h0, Tensor grad_h, Tensor grad_s, Tensor weight,"
