@@ -9,6 +9,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
+from models.fast.native import native_ops
+
 NORMS = (None, "batch", "layer")
 
 
@@ -35,6 +37,17 @@ class _MaskedBatchNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, real, weight, bias, eps: float):
+        ctx.eps = eps
+        ops = native_ops(x)
+        if ops is not None:  # the same sums in two passes (one C++ kernel each way)
+            real_or_empty = x.new_empty(0) if real is None else real.contiguous()
+            y, mean, var = ops.batch_norm_forward(x.contiguous(), real_or_empty, weight.contiguous(),
+                                                  bias.contiguous(), eps)
+            ctx.native = True
+            ctx.save_for_backward(x, real_or_empty, mean, var, weight)
+            ctx.mark_non_differentiable(mean, var)
+            return y, mean, var
+        ctx.native = False
         n = x.size(0) if real is None else real.sum()
         ones = x.new_ones(x.size(0)) if real is None else real
         mean = (ones @ x) / n
@@ -49,6 +62,11 @@ class _MaskedBatchNormFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad, _mean, _var):
+        if ctx.native:
+            x, real, mean, var, weight = ctx.saved_tensors
+            grad_x, grad_weight, grad_bias = native_ops(x).batch_norm_backward(
+                grad.contiguous(), x.contiguous(), real, mean, var, weight.contiguous(), ctx.eps)
+            return grad_x, None, grad_weight, grad_bias, None
         x, real, mean, inv, scale = ctx.saved_tensors
         grad_bias = grad.sum(0)
         grad_weight = inv * ((grad * x).sum(0) - mean * grad_bias)  # sum_j g_j xhat_j
@@ -85,17 +103,22 @@ class MaskedBatchNorm(nn.Module):
         self.register_buffer("running_mean", torch.zeros(num_features))
         self.register_buffer("running_var", torch.ones(num_features))
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                part: tuple[int, int] = (0, 1)) -> torch.Tensor:
+        """``part=(d, D)``: ``x`` holds only the ``d``-th of ``D`` equal column blocks (a direction of a
+        bidirectional layer), normalised with that block's parameters and statistics."""
+        weight, bias, running_mean, running_var = (t.chunk(part[1])[part[0]] for t in (
+            self.weight, self.bias, self.running_mean, self.running_var))
         if not self.training:
-            return _normalise(x, self.running_mean, torch.rsqrt(self.running_var + self.eps), self.weight, self.bias)[0]
+            return _normalise(x, running_mean, torch.rsqrt(running_var + self.eps), weight, bias)[0]
         frames = x.reshape(-1, x.size(-1))  # no copy for contiguous x
         real = None if mask is None else mask.reshape(-1).to(x.dtype)
-        y, mean, var = _MaskedBatchNormFunction.apply(frames, real, self.weight, self.bias, self.eps)
+        y, mean, var = _MaskedBatchNormFunction.apply(frames, real, weight, bias, self.eps)
         with torch.no_grad():  # n stays a tensor: no host-device synchronisation on a GPU
             n = frames.new_tensor(frames.size(0)) if real is None else real.sum()
             unbiased = var * n / (n - 1).clamp_min(1)
-            self.running_mean.lerp_(mean.to(self.running_mean.dtype), self.momentum)
-            self.running_var.lerp_(unbiased.to(self.running_var.dtype), self.momentum)
+            running_mean.lerp_(mean.to(running_mean.dtype), self.momentum)  # views: in place in the buffers
+            running_var.lerp_(unbiased.to(running_var.dtype), self.momentum)
         return y.view(x.shape)
 
 
@@ -114,10 +137,13 @@ class BlockLayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(num_features))
         self.bias = nn.Parameter(torch.zeros(num_features))
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                part: tuple[int, int] = (0, 1)) -> torch.Tensor:
+        """``part=(d, D)``: ``x`` holds only the ``d``-th of ``D`` equal column blocks, with its parameters."""
+        weight, bias = (t.chunk(part[1])[part[0]] for t in (self.weight, self.bias))
         blocks = x.unflatten(-1, (-1, self.block))  # (B, T, G, H)
         normed = F.layer_norm(blocks, (self.block,), eps=self.eps).flatten(-2)
-        return normed * self.weight + self.bias
+        return torch.addcmul(bias, normed, weight)
 
 
 def make_norm(kind: Optional[str], num_features: int, block: int) -> Optional[nn.Module]:

@@ -307,7 +307,7 @@ class RecurrentLayer(nn.Module):
         lengths, mask = check_inputs(x, lengths, self.input_size)
         if self.training and self.dropout > 0:
             keep = x.new_empty(x.size(0), 1, x.size(2)).bernoulli_(1 - self.dropout)  # (B, 1, F): one mask per sequence
-            x = x * keep / (1 - self.dropout)
+            x = x * keep.div_(1 - self.dropout)  # scaled while small: one pass over x
         # Time-major inside, (T, B, ...): the fast paths run over time-major frames, so that a cell
         # gets contiguous memory without a copy, and the layer returns a (B, T, ...) view of
         # time-major memory, which the next layer's projection reads as it is.
@@ -316,16 +316,16 @@ class RecurrentLayer(nn.Module):
         # pass over every activation forward and again backward.
         padded = bool(len(lengths)) and int(lengths.min()) < x.size(0)
         keep = mask.t()[..., None]  # (T, B, 1)
-        if self.norm is None:
-            # One projection per direction, the backward one of the reversed input: reversing F
-            # input features costs less than reversing G*H projections, and no split is copied.
-            weights = self.proj.weight.chunk(D)
-            biases = self.proj.bias.chunk(D) if self.proj.bias is not None else [None] * D
-            projs = [F.linear(reverse_padded(x, lengths, time_dim=0) if d else x, weights[d], biases[d])
-                     for d in range(D)]
-        else:  # the norm's statistics span every direction
-            proj = self.norm(self.proj(x), keep[..., 0] if padded else None)  # frame-wise: any layout
-            projs = [p if d == 0 else reverse_padded(p, lengths, time_dim=0) for d, p in enumerate(proj.chunk(D, -1))]
+        # One projection per direction, the backward one of the reversed input: reversing F input
+        # features costs less than reversing G*H projections, and no split is copied. The norm runs on
+        # each direction's columns: reversing each sequence within its length only reorders its real
+        # frames, so per-column statistics over real frames are those of the whole projection.
+        weights = self.proj.weight.chunk(D)
+        biases = self.proj.bias.chunk(D) if self.proj.bias is not None else [None] * D
+        projs = [F.linear(reverse_padded(x, lengths, time_dim=0) if d else x, weights[d], biases[d])
+                 for d in range(D)]
+        if self.norm is not None:
+            projs = [self.norm(p, keep[..., 0] if padded else None, part=(d, D)) for d, p in enumerate(projs)]
         outputs = []
         for cell, p in zip(self.cells, projs):
             if padded:

@@ -152,10 +152,18 @@ def test_batch_norm_statistics_ignore_padding():
 
 
 @pytest.mark.parametrize("padded", [True, False])
-def test_batch_norm_equals_gathered_frames_reference(padded):
-    """The batch norm's hand-written backward against autograd through the straightforward version
-    (gather the real frames, their mean and biased variance, normalise every frame), and float64 gradcheck."""
+@pytest.mark.parametrize("kernels", ["c++", "torch"])
+def test_batch_norm_equals_gathered_frames_reference(padded, kernels, monkeypatch):
+    """The batch norm's hand-written backward, both the C++ kernels and the torch version they fall back
+    to, against autograd through the straightforward version (gather the real frames, their mean and
+    biased variance, normalise every frame), and float64 gradcheck."""
+    from models import norm as norm_module
     from models.norm import MaskedBatchNorm
+
+    if kernels == "torch":
+        monkeypatch.setattr(norm_module, "native_ops", lambda example: None)
+    else:
+        assert norm_module.native_ops(torch.zeros(1)) is not None
 
     torch.manual_seed(0)
     norm = MaskedBatchNorm(3).double().train()
@@ -184,6 +192,23 @@ def test_batch_norm_equals_gathered_frames_reference(padded):
         return torch.func.functional_call(norm, {"weight": weight, "bias": bias}, (x, mask))
 
     assert torch.autograd.gradcheck(run, params, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_batch_norm_float32_kernels_keep_precision_far_from_zero():
+    """float32 frames whose mean is 300 standard deviations from zero, 20 000 of them: the C++ kernels
+    (per-column sums in double about a shift) stay within float32 rounding of the float64 statistics;
+    squares of such values summed in float32 would lose three digits of the variance."""
+    from models.norm import MaskedBatchNorm
+
+    torch.manual_seed(0)
+    x64 = 300.0 + torch.randn(20000, 8, dtype=torch.float64)
+    mask = torch.rand(20000) < 0.9
+    norm = MaskedBatchNorm(8).train()
+    y = norm(x64.float().requires_grad_(), mask)
+    real = x64[mask]
+    expected = (x64 - real.mean(0)) / torch.sqrt(real.var(0, unbiased=False) + norm.eps)
+    torch.testing.assert_close(y.double(), expected, atol=2e-3, rtol=0)  # |x| ~ 300: a float32 ulp is 3e-5
+    torch.testing.assert_close(norm.running_var.double(), 0.9 + 0.1 * real.var(0), rtol=1e-4, atol=0)
 
 
 @pytest.mark.parametrize("norm", ["batch", "layer"])

@@ -26,6 +26,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -959,6 +960,130 @@ std::tuple<Tensor, Tensor, Tensor> lbru_backward(const Tensor& gates, const Tens
   return {du, dq, grad_h0};
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Batch norm of the projections (models/norm.py, whose torch version stays the fallback).
+//
+// Frames x (N, C), statistics over the rows where real (N) is 1 (real empty: every row), every row
+// normalised with them. Autograd's version makes about five passes over x forward and eight
+// backward; here each direction is two: one reading (the column sums), one writing. Threads split
+// the columns for the sums, the rows for the writing pass. Sums are kept per column in double (the
+// statistics of 10^4-10^5 frames), about a shift (the first real row) so that the variance is a
+// difference of two numbers of the size of the variance, not of the squared mean.
+
+// Per column of x (N, C) over the rows where real is nonzero (every row for an empty real):
+// s1 = sum (x - shift), s2 = sum (x - shift)^2 (with y given: sum y, sum y (x - shift)).
+template <typename T>
+void column_sums(const T* x, const T* y, const T* real, const T* shift, int64_t N, int64_t C, double* s1,
+                 double* s2) {
+  at::parallel_for(0, C, 64, [&](int64_t begin, int64_t end) {
+    constexpr int64_t kBlock = 128;  // rows summed in T before they are added in double
+    const int64_t len = end - begin;
+    std::vector<T> p1(len), p2(len);
+    for (int64_t first = 0; first < N; first += kBlock) {
+      std::fill(p1.begin(), p1.end(), T(0)), std::fill(p2.begin(), p2.end(), T(0));
+      for (int64_t i = first; i < std::min(N, first + kBlock); ++i) {
+        if (real && real[i] == T(0)) continue;
+        const T *xi = x + i * C + begin, *yi = y ? y + i * C + begin : nullptr;
+        vec_for<T>(len, [&](int64_t j, int64_t n) {
+          const auto d = load(xi + j, n) - load(shift + begin + j, n);
+          const auto a = yi ? load(yi + j, n) : d;
+          (load(p1.data() + j, n) + a).store(p1.data() + j, n);
+          (load(p2.data() + j, n) + a * d).store(p2.data() + j, n);
+        });
+      }
+      for (int64_t j = 0; j < len; ++j) s1[begin + j] += p1[j], s2[begin + j] += p2[j];
+    }
+  });
+}
+
+// out_i = a_i * scale + add_i (add: (C,), or add_i = -real_i (c0 + x_i c1) for the backward pass).
+template <typename T, typename F>
+void rows_apply(int64_t N, int64_t C, const F& row) {
+  at::parallel_for(0, N, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) row(i);
+  });
+}
+
+// Returns (y (N, C), mean (C), biased variance (C)).
+std::tuple<Tensor, Tensor, Tensor> batch_norm_forward(const Tensor& x, const Tensor& real, const Tensor& weight,
+                                                      const Tensor& bias, double eps) {
+  check_cpu_contiguous(x, "x"), check_cpu_contiguous(real, "real");
+  check_cpu_contiguous(weight, "weight"), check_cpu_contiguous(bias, "bias");
+  const int64_t N = x.size(0), C = x.size(1);
+  Tensor y = at::empty_like(x), mean = at::empty({C}, x.options()), var = at::empty({C}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "batch_norm_forward", [&] {
+    const scalar_t *xp = x.data_ptr<scalar_t>(), *rp = real.numel() ? real.data_ptr<scalar_t>() : nullptr;
+    int64_t n = N, first = 0;
+    if (rp) {
+      n = 0;
+      for (int64_t i = N - 1; i >= 0; --i)
+        if (rp[i] != scalar_t(0)) ++n, first = i;
+    }
+    TORCH_CHECK(n > 0, "bru_kaldi batch norm: no real frame in the batch");
+    const scalar_t* shift = xp + first * C;
+    std::vector<double> s1(C, 0.0), s2(C, 0.0);
+    column_sums<scalar_t>(xp, nullptr, rp, shift, N, C, s1.data(), s2.data());
+    scalar_t *mp = mean.data_ptr<scalar_t>(), *vp = var.data_ptr<scalar_t>();
+    const scalar_t *wp = weight.data_ptr<scalar_t>(), *bp = bias.data_ptr<scalar_t>();
+    std::vector<scalar_t> scale(C), offset(C);
+    for (int64_t c = 0; c < C; ++c) {
+      const double m1 = s1[c] / n, v = std::max(0.0, s2[c] / n - m1 * m1);
+      mp[c] = scalar_t(shift[c] + m1), vp[c] = scalar_t(v);
+      scale[c] = scalar_t(wp[c] / std::sqrt(v + eps));
+      offset[c] = bp[c] - mp[c] * scale[c];
+    }
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    rows_apply<scalar_t>(N, C, [&](int64_t i) {
+      vec_for<scalar_t>(C, [&](int64_t j, int64_t k) {
+        (load(xp + i * C + j, k) * load(scale.data() + j, k) + load(offset.data() + j, k)).store(yp + i * C + j, k);
+      });
+    });
+  });
+  return {y, mean, var};
+}
+
+// Gradient of batch_norm_forward, with scale = w / sqrt(var + eps) and xhat = (x - mean) / sqrt(var + eps):
+// dL/db = sum_i g_i, dL/dw = sum_i g_i xhat_i (every row), and
+// dL/dx_i = scale g_i - real_i (c0 + c1 x_i), c1 = scale dL/dw / (n sqrt(var + eps)), c0 = scale dL/db / n - mean c1.
+// Returns (dL/dx (N, C), dL/dw (C), dL/db (C)).
+std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& real,
+                                                       const Tensor& mean, const Tensor& var, const Tensor& weight,
+                                                       double eps) {
+  check_cpu_contiguous(grad, "grad"), check_cpu_contiguous(x, "x"), check_cpu_contiguous(real, "real");
+  const int64_t N = x.size(0), C = x.size(1);
+  Tensor grad_x = at::empty_like(x), grad_w = at::empty({C}, x.options()), grad_b = at::empty({C}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "batch_norm_backward", [&] {
+    const scalar_t *gp = grad.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>(), *mp = mean.data_ptr<scalar_t>();
+    const scalar_t *rp = real.numel() ? real.data_ptr<scalar_t>() : nullptr, *wp = weight.data_ptr<scalar_t>();
+    const scalar_t* vp = var.data_ptr<scalar_t>();
+    double n = N;
+    if (rp) {
+      n = 0;
+      for (int64_t i = 0; i < N; ++i) n += rp[i];
+    }
+    std::vector<double> s1(C, 0.0), s2(C, 0.0);
+    column_sums<scalar_t>(xp, gp, nullptr, mp, N, C, s1.data(), s2.data());  // sum g, sum g (x - mean)
+    std::vector<scalar_t> scale(C), c0(C), c1(C);
+    scalar_t *gwp = grad_w.data_ptr<scalar_t>(), *gbp = grad_b.data_ptr<scalar_t>();
+    for (int64_t c = 0; c < C; ++c) {
+      const double inv = 1.0 / std::sqrt(double(vp[c]) + eps), sc = wp[c] * inv, gw = inv * s2[c];
+      gwp[c] = scalar_t(gw), gbp[c] = scalar_t(s1[c]);
+      const double k1 = sc * inv * gw / n;
+      scale[c] = scalar_t(sc), c1[c] = scalar_t(k1), c0[c] = scalar_t(sc * s1[c] / n - mp[c] * k1);
+    }
+    scalar_t* gxp = grad_x.data_ptr<scalar_t>();
+    rows_apply<scalar_t>(N, C, [&](int64_t i) {
+      const Vec<scalar_t> r(rp ? rp[i] : scalar_t(1));
+      vec_for<scalar_t>(C, [&](int64_t j, int64_t k) {
+        const auto correction = load(c0.data() + j, k) + load(xp + i * C + j, k) * load(c1.data() + j, k);
+        (load(gp + i * C + j, k) * load(scale.data() + j, k) - r * correction).store(gxp + i * C + j, k);
+      });
+    });
+  });
+  return {grad_x, grad_w, grad_b};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(bru_kaldi, m) {
@@ -972,6 +1097,9 @@ TORCH_LIBRARY(bru_kaldi, m) {
         " bool bias_grad) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("lbru_forward(Tensor proj, Tensor weight_t, Tensor bias, Tensor h0, bool train, bool input_gate)"
         " -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("batch_norm_forward(Tensor x, Tensor real, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor, Tensor)");
+  m.def("batch_norm_backward(Tensor grad, Tensor x, Tensor real, Tensor mean, Tensor var, Tensor weight, float eps)"
+        " -> (Tensor, Tensor, Tensor)");
   m.def("lbru_backward(Tensor gates, Tensor E, Tensor h, Tensor h0, Tensor grad_h, Tensor grad_s, Tensor weight,"
         " bool input_gate) -> (Tensor, Tensor, Tensor)");
 }
@@ -985,4 +1113,6 @@ TORCH_LIBRARY_IMPL(bru_kaldi, CPU, m) {
   m.impl("gated_backward", &gated_backward);
   m.impl("lbru_forward", &lbru_forward);
   m.impl("lbru_backward", &lbru_backward);
+  m.impl("batch_norm_forward", &batch_norm_forward);
+  m.impl("batch_norm_backward", &batch_norm_backward);
 }
