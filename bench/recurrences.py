@@ -12,14 +12,26 @@ Two configurations of our layers (``torch.nn.LSTM`` is always the plain layer):
 * ``plain``: ``models.build(unit, F, H)``, no norm, no dropout;
 * ``cfg``: as the configs train them, ``norm="batch"`` on the projections and ``dropout=0.2``, in training mode.
 
-By default (about 1-2 minutes on 2 idle CPU cores) every unit at H=256 unidirectional, B=16, in both
-configurations, without the reference loops (``--reference-repeats 1`` adds them: minutes more, the
-baselines' loops take 5-20 s a pass); ``--targets`` runs the sizes the baselines' targets are set at,
-in the ``cfg`` configuration (H=256 uni B=16 and H=550 bi B=8, with the target column); ``--full`` the
-whole grid (H=256 and 550, uni and bi, B=16, both configurations).
+For the units with a recurrent matrix two more columns show how far the layer is from the limit its
+per-step products set: ``GF/s mm`` is what ``torch.mm`` reaches on one step's product (``B x H`` times
+``H x G*H``, ``T`` of them in a row, in this run), ``GF/s fwd`` the same products' flops divided by the
+whole forward pass of the layer (projection, norm, elementwise work and all). The header names the CPU,
+the vector ISA torch dispatches to, the BLAS and the build of our C++ kernels.
+
+Then a whole training step (``--step``, on by default): ``cfg/TIMIT_liBRU.cfg``'s network (4 x 550 Li-BRU
+both ways, batch norm, dropout 0.2, senone and monophone outputs, cross-entropy, RMSprop) against the same
+network with ``nn.LSTM`` layers (dropout, no norm: the LSTM fuses its input projection), B=8, T frames.
+
+By default (about 3-4 minutes on 2 idle CPU cores) every unit in the ``plain`` configuration at H=256 one
+way, B=16, and in the ``cfg`` configuration at the target sizes (H=256 one way B=16, H=550 both ways B=8,
+with the target column), then the whole step; ``--targets`` only the ``cfg`` rows and the step;
+``--full`` the whole grid (H=256 and 550, uni and bi, B=16, both configurations). ``--reference-repeats 1``
+adds the reference loops (minutes more: the baselines' loops take 5-20 s a pass). ``--markdown F`` also
+writes the ratios as a Markdown table (what RESULTS.md shows).
 
 Usage: python bench/recurrences.py [--targets | --full] [--hidden 256 550] [--directions uni bi]
-                                   [--configs plain cfg] [--units lstm rnn:relu ubru:kalman ...]
+                                   [--configs plain cfg] [--units lstm rnn:relu ubru:kalman ...] [--no-step]
+                                   [--markdown F]
   e.g. python bench/recurrences.py --hidden 256 --directions uni --units libru ubru:kalman --reference-repeats 1
        python bench/recurrences.py --targets --repeats 7   (on a loaded machine: more repeats)
 """
@@ -42,7 +54,10 @@ from models.recurrent import set_implementation  # noqa: E402
 UNITS = ["lstm", "gru", "mgu", "rnn", "rnn:relu", "ligru", "libru", "bru", "lbru", "ubru", "ubru:kalman", "ubru:hmm"]
 CONFIGS = {"plain": {}, "cfg": {"norm": "batch", "dropout": 0.2}}
 # forward + backward / nn.LSTM, in the cfg configuration at the --targets sizes
-TARGETS = {"lstm": 1.2, "gru": 1.0, "mgu": 0.6, "rnn": 0.4, "rnn:relu": 0.4}
+TARGETS = {"lstm": 1.2, "gru": 1.0, "mgu": 0.6, "rnn": 0.4, "rnn:relu": 0.4,
+           "libru": 0.6, "ligru": 0.6, "lbru": 0.8, "ubru:kalman": 0.3}
+STEP_TARGET = 0.6  # the whole TIMIT_liBRU training step / the same network with nn.LSTM layers
+TARGET_SHAPES = [(256, "uni", 16), (550, "bi", 8)]
 
 
 def parse_unit(spec: str):
@@ -116,15 +131,82 @@ def measure(module, x, args, device, repeats, warm_up=True):
 
 def plan(args) -> list[tuple[str, int, str, int, str]]:
     """The rows, ``(config, H, direction, B, unit spec)``."""
-    if args.targets:
-        shapes = [(256, "uni", 16), (550, "bi", 8)]
-        configs = args.configs or ["cfg"]
-    else:
+    if args.full or args.hidden or args.directions or args.batch:
         hidden = args.hidden or ([256, 550] if args.full else [256])
         directions = args.directions or (["uni", "bi"] if args.full else ["uni"])
         shapes = [(h, d, args.batch or 16) for h in hidden for d in directions]
-        configs = args.configs or list(CONFIGS)
-    return [(c, h, d, b, spec) for c in configs for h, d, b in shapes for spec in args.units]
+        rows = [(c, shape) for c in (args.configs or list(CONFIGS)) for shape in shapes]
+    else:  # the defaults: plain at H=256 (unless --targets), cfg at the target sizes
+        configs = args.configs or (["cfg"] if args.targets else list(CONFIGS))
+        rows = [(c, shape) for c in configs for shape in ([TARGET_SHAPES[0]] if c == "plain" else TARGET_SHAPES)]
+    return [(c, h, d, b, spec) for c, (h, d, b) in rows for spec in args.units]
+
+
+def recurrent_gates(layer) -> int:
+    """``G`` of a layer's per-step product ``h_{t-1} U`` (``U`` is ``H x G*H``), 0 without one."""
+    cell = getattr(layer, "cells", [None])[0]
+    recurrent = getattr(cell, "recurrent", None)
+    return recurrent.weight.size(0) // recurrent.weight.size(1) if isinstance(recurrent, torch.nn.Linear) else 0
+
+
+def mm_ms(batch, hidden, gates, frames, device, repeats) -> float:
+    """Median ms of ``frames`` products ``(B, H) @ (H, G*H)`` in a row, each fed the previous result's
+    first ``H`` columns, as a recurrence's products are."""
+    h, weight = torch.randn(batch, hidden, device=device), torch.randn(hidden, gates * hidden, device=device) / hidden
+
+    def chain():
+        x = h
+        for _ in range(frames):
+            x = torch.mm(x, weight)[:, :hidden]
+    chain()
+    return statistics.median(timed(chain, device) for _ in range(repeats))
+
+
+def build_flags_name() -> str:
+    try:
+        from models.fast import native
+        return native.build_flags()[0] if native.native_ops(torch.zeros(1)) is not None else "TorchScript only"
+    except Exception as error:  # pragma: no cover - printed, not fatal
+        return f"not built ({error})"
+
+
+def blas_name() -> str:
+    for line in torch.__config__.show().splitlines():
+        if "BLAS_INFO" in line:
+            return line.split("BLAS_INFO=")[1].split(",")[0]
+    return "unknown"
+
+
+def training_step_ms(args, device) -> tuple[float, float]:
+    """Median ms of one training step of TIMIT_liBRU's network and of the same with ``nn.LSTM`` layers."""
+    from models.acoustic import AcousticModel
+    batch, num_senones, num_mono = 8, 1920, 48  # about TIMIT tri3's pdfs; its 48 monophones
+    x = torch.randn(batch, args.frames, args.features, device=device)
+    lengths = torch.full((batch,), args.frames, device=device)
+    senones = torch.randint(num_senones, (batch * args.frames,), device=device)
+    mono = torch.randint(num_mono, (batch * args.frames,), device=device)
+    nets = {}
+    for name, unit, norm in (("libru", "libru", "batch"), ("lstm", "cudnn_lstm", None)):
+        stack = models.build_stack(unit, args.features, [550] * 4, bidirectional=True, dropout=0.2, norm=norm)
+        net = AcousticModel([stack], num_senones, num_mono).to(device).train()
+        nets[name] = (net, torch.optim.RMSprop(net.parameters(), lr=4e-4, alpha=0.95, eps=1e-8))
+
+    def step(name):
+        net, optimiser = nets[name]
+        out = net(x, lengths)
+        loss = (torch.nn.functional.cross_entropy(out["senone"].flatten(0, 1), senones)
+                + torch.nn.functional.cross_entropy(out["mono"].flatten(0, 1), mono))
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+
+    for name in nets:
+        step(name)  # warm-up
+    times = {name: [] for name in nets}
+    for _ in range(args.repeats):
+        for name in nets:
+            times[name].append(timed(lambda: step(name), device))
+    return statistics.median(times["libru"]), statistics.median(times["lstm"])
 
 
 def main():
@@ -143,6 +225,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of the fast path and the LSTM")
     parser.add_argument("--reference-repeats", type=int, default=0, help="timed runs of the (slow) reference loop")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-step", dest="step", action="store_false", help="leave out the whole training step")
+    parser.add_argument("--markdown", help="also write the ratios to this file as a Markdown table")
     args = parser.parse_args()
     if args.targets and (args.hidden or args.directions or args.batch):
         parser.error("--targets sets its own sizes: leave out --hidden, --directions and --batch")
@@ -156,12 +240,15 @@ def main():
 
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
-    print(f"torch {torch.__version__}, device {device} ({name}), {torch.get_num_threads()} threads, "
-          f"T={args.frames} F={args.features}, float32, medians of {args.repeats}; load average {load_average()}")
+    machine = (f"torch {torch.__version__}, device {device} ({name}), {torch.get_num_threads()} threads, "
+               f"ISA {torch.backends.cpu.get_cpu_capability()}, BLAS {blas_name()}, our kernels {build_flags_name()}")
+    print(machine)
+    print(f"T={args.frames} F={args.features}, float32, medians of {args.repeats}; load average {load_average()}")
+    table = ["| unit | config | H | dir | B | fwd+bwd / nn.LSTM | target |", "| --- | --- | ---: | --- | ---: | ---: | ---: |"]
     torch.manual_seed(0)
     header = (f"{'unit':<12} {'config':<6} {'H':>4} {'dir':<4} {'B':>3} {'fast fwd':>9} {'fast f+b':>9} {'ref fwd':>9} "
               f"{'ref f+b':>9} {'LSTM fwd':>9} {'LSTM f+b':>9} {'f+b/LSTM':>9} {'fwd/LSTM':>9} {'ref/fast':>9} "
-              f"{'target':>7}")
+              f"{'GF/s mm':>8} {'GF/s fwd':>8} {'target':>7}")
     print(header)
     print("-" * len(header))
     lstms, inputs = {}, {}
@@ -193,10 +280,31 @@ def main():
                                    args.reference_repeats, warm_up=False)
         fast_f, fast_b = statistics.median(fast_f), statistics.median(fast_b)
         lstm_f, lstm_b = statistics.median(lstm_f), statistics.median(lstm_b)
-        target = TARGETS.get(spec) if config == "cfg" else None
+        target = TARGETS.get(spec) if config == "cfg" and (hidden, direction, batch) in TARGET_SHAPES else None
+        gates, mm_rate, fwd_rate = recurrent_gates(layer), float("nan"), float("nan")
+        if gates:
+            flops = 2 * batch * hidden * gates * hidden * args.frames * (2 if bidirectional else 1)
+            mm_rate = flops / (2 if bidirectional else 1) / mm_ms(batch, hidden, gates, args.frames, device, 3) / 1e6
+            fwd_rate = flops / fast_f / 1e6
+        met = "" if target is None else (" met" if fast_b / lstm_b <= target else " MISSED")
         print(f"{spec:<12} {config:<6} {hidden:>4} {direction:<4} {batch:>3} {fast_f:>9.1f} {fast_b:>9.1f} "
               f"{ref_f:>9.1f} {ref_b:>9.1f} {lstm_f:>9.1f} {lstm_b:>9.1f} {fast_b / lstm_b:>9.2f} "
-              f"{fast_f / lstm_f:>9.2f} {ref_b / fast_b:>9.1f} {f'<= {target}' if target else '':>7}", flush=True)
+              f"{fast_f / lstm_f:>9.2f} {ref_b / fast_b:>9.1f} {mm_rate:>8.1f} {fwd_rate:>8.1f} "
+              f"{f'<= {target}{met}' if target else '':>7}", flush=True)
+        table.append(f"| {spec} | {config} | {hidden} | {direction} | {batch} | {fast_b / lstm_b:.2f} | "
+                     f"{f'<= {target}{met}' if target else ''} |")
+    if args.step:
+        libru_ms, lstm_ms = training_step_ms(args, device)
+        met = "met" if libru_ms / lstm_ms <= STEP_TARGET else "MISSED"
+        line = (f"whole training step of TIMIT_liBRU's network (4 x 550 both ways, B=8, T={args.frames}): "
+                f"{libru_ms:.0f} ms, with nn.LSTM layers {lstm_ms:.0f} ms: {libru_ms / lstm_ms:.2f} "
+                f"(target <= {STEP_TARGET}: {met})")
+        print(line)
+        table.append(f"| TIMIT_liBRU step | cfg | 550 | bi | 8 | {libru_ms / lstm_ms:.2f} | <= {STEP_TARGET} {met} |")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(f"`{' '.join(sys.argv)}`: {machine}; T={args.frames}, medians of {args.repeats}, "
+                    f"load average at the end {load_average()}\n\n" + "\n".join(table) + "\n")
     print(f"load average {load_average()}")
 
 
