@@ -55,6 +55,7 @@ from bru_kaldi.feature_transforms import GlobalNorm
 from bru_kaldi.kaldi.alignments import AlignmentStore, alignment_files, hmm_info, label_kind, read_alignments
 from bru_kaldi.kaldi.tables import (ArkWriter, KaldiIOError, ScpTable, read_int_vectors, read_kaldi_vector,
                                     read_matrices, write_kaldi_vector)
+from bru_kaldi.schedules import epoch_values
 from bru_kaldi.kaldi.transition_model import TransitionModel, read_transition_model, write_transition_model
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,9 @@ class LoaderOptions:
     max_missing_fraction: float = 0.05  # utterances missing from a stream: skipped up to this fraction
     length_tolerance: int = 0  # frames by which streams and labels may differ (trimmed to the shortest)
     prefetch: bool = True  # prepare the next chunk in a background thread
+    # "frames": batches of batch_size single frames (B, 1, F), shuffled over the whole chunk; frame-wise
+    # models only (pytorch-kaldi's batches for non-recurrent models)
+    batch_unit: str = "utterances"
 
     def __post_init__(self):
         if self.long_utterances not in LONG_UTTERANCES:
@@ -87,14 +91,16 @@ class LoaderOptions:
             raise ValueError(f"batch_size >= 1, max_seq_length >= 0 and length_tolerance >= 0 expected, got {self}")
 
 
-def loader_options(config: Config, purpose: str) -> LoaderOptions:
-    """``[batches]`` as loader options for ``purpose``: ``"train"`` (shuffled), ``"valid"`` (in scp order)
-    or ``"forward"`` (whole utterances in scp order: their keys name the output rows)."""
+def loader_options(config: Config, purpose: str, epoch: int = 0) -> LoaderOptions:
+    """``[batches]`` as loader options for ``purpose``: ``"train"`` (shuffled; batch size and length limit
+    of training epoch ``epoch``, from 0, see ``bru_kaldi.schedules``), ``"valid"`` (in scp order) or
+    ``"forward"`` (whole utterances in scp order: their keys name the output rows)."""
     b = config.batches
     checks = dict(max_missing_fraction=b.max_missing_fraction, length_tolerance=b.length_tolerance)
     if purpose == "train":
-        return LoaderOptions(b.batch_size_train, b.max_seq_length_train, b.long_utterances, config.exp.seed,
-                             shuffle=True, **checks)
+        now = epoch_values(config, epoch)
+        return LoaderOptions(now["batch_size"], now["max_seq_length"], b.long_utterances, config.exp.seed,
+                             shuffle=True, batch_unit=b.batch_unit, **checks)
     if purpose == "valid":
         return LoaderOptions(b.batch_size_valid, b.max_seq_length_valid, b.long_utterances, config.exp.seed,
                              shuffle=False, **checks)
@@ -241,7 +247,7 @@ class Corpus:
         self.report["long_action"] = self.options.long_utterances
         if long.any():
             pieces = int(np.ceil(self.lengths[long] / limit).sum())
-            action = (f"split into {pieces} pieces" if self.options.long_utterances == "split"
+            action = (f"{self.options.long_utterances} into {pieces} pieces" if self.options.long_utterances != "drop"
                       else f"dropped ({int(self.lengths[long].sum())} frames)")
             log.info("dataset %s: %d of %d utterances are longer than max_seq_length=%d frames: %s",
                      self.spec.data_name, long.sum(), len(self.keys), limit, action)
@@ -280,6 +286,10 @@ class Corpus:
             return [Utterance(key, feats, labels)]
         if self.options.long_utterances == "drop":
             return []
+        if self.options.long_utterances == "cut":  # pytorch-kaldi: pieces of exactly `limit` frames
+            bounds = np.append(np.arange(0, len(feats), limit), len(feats))
+            return [Utterance(f"{key}#{i}", feats[a:b], {name: v[a:b] for name, v in labels.items()})
+                    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
         bounds = np.linspace(0, len(feats), -(-len(feats) // limit) + 1).astype(int)  # near-equal pieces
         return [Utterance(f"{key}#{i}", feats[a:b], {name: v[a:b] for name, v in labels.items()})
                 for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
@@ -302,6 +312,9 @@ class Corpus:
         try:
             for index, utterances in enumerate(chunks, first_chunk):
                 rng = np.random.default_rng([self.options.seed, epoch, index]) if self.options.shuffle else None
+                if self.options.batch_unit == "frames":
+                    yield from self._frame_batches(utterances, rng, index)
+                    continue
                 for group in make_batches([u.num_frames for u in utterances], self.options.batch_size, rng):
                     if prefetcher is not None:
                         prefetcher.check()
@@ -311,6 +324,23 @@ class Corpus:
         finally:
             if prefetcher is not None:
                 prefetcher.close()
+
+    def _frame_batches(self, utterances: list[Utterance], rng, chunk: int) -> Iterator[Batch]:
+        """Batches of ``batch_size`` single frames of the chunk, in an order drawn from ``rng``: each frame
+        is a sequence of length 1, ``(B, 1, F)``, so that batch norm and dropout see frames, as
+        pytorch-kaldi's non-recurrent models do."""
+        feats = np.concatenate([u.feats for u in utterances])  # (N, F)
+        labels = {name: np.concatenate([u.labels[name] for u in utterances]) for name in utterances[0].labels}
+        keys = [f"{u.key}@{t}" for u in utterances for t in range(u.num_frames)]
+        order = rng.permutation(len(feats)) if rng is not None else np.arange(len(feats))
+        size = self.options.batch_size
+        for start in range(0, len(order), size):
+            rows = order[start:start + size]
+            lengths = torch.ones(len(rows), dtype=torch.int64)
+            batch = Batch(torch.from_numpy(feats[rows][:, None]), lengths, torch.ones(len(rows), 1, dtype=torch.bool),
+                          {name: torch.from_numpy(v[rows][:, None]) for name, v in labels.items()},
+                          [keys[i] for i in rows], chunk)
+            yield batch
 
     # ------------------------------------------------------------------ statistics
     def global_norm(self) -> GlobalNorm:

@@ -40,14 +40,14 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from bru_kaldi import decoding
+from bru_kaldi import decoding, pytorch_kaldi
 from bru_kaldi.atomic import WriteError, write_atomically
 from bru_kaldi.builtin_corpus import BuiltinCorpusError, ensure_builtin_corpus
-from bru_kaldi.config import Config, ConfigError, parse_config, write_resolved
+from bru_kaldi.config import Config, ConfigError, parse_config, parse_overrides, write_resolved
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
-from bru_kaldi.network import build_model, check_architectures, has_unused_parameters
-from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, gradient_norm, pick_device, learning_rate, load_checkpoint, make_optimizer,
+from bru_kaldi.network import build_model, check_architectures, has_unused_parameters, trained_architectures
+from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, gradient_norm, pick_device, epoch_rate, load_checkpoint, make_optimizer,
                                 plot_learning_curve, save_checkpoint, save_tensors, seed_everything, warmup)
 from data_io import (Corpus, GlobalNorm, KaldiIOError, LoglikeWriter, dataset_for, fingerprint, loader_options,
                      log_priors, read_counts, write_counts)
@@ -98,9 +98,9 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
     seed_everything(config.exp.seed)  # the initial weights
     model, groups = build_model(config, train_set.feature_dim, train_set.label_dims[senone], num_mono)
     model.to(device)
-    archs = [config.architecture(name) for name in config.model.stack]
+    archs = trained_architectures(config)
     optimizers = [make_optimizer(a.arch_opt, params, a.arch_lr, a) for a, params in zip(archs, groups)]
-    log.info("model: %s, %.2fM parameters", " + ".join(f"{a.arch_name}={a.unit} {a.sizes}" for a in archs),
+    log.info("model: %s, %.2fM parameters", " + ".join(f"{a.arch_name}={a.unit} {a.sizes or '(output layer)'}" for a in archs),
              sum(p.numel() for p in model.parameters()) / 1e6)
 
     progress = load_checkpoint(exp.checkpoint, model, optimizers) or Progress()
@@ -123,14 +123,14 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
     def epoch_rates() -> dict[str, float]:
         """Each architecture's rate for this epoch: halved on dev plateaus, and once per rollback."""
         dev_errors = [h["dev_err"] for h in progress.history]
-        return {a.arch_name: progress.lr_scale * learning_rate(a.arch_lr, a.arch_halving_factor,
-                                                               a.arch_improvement_threshold, dev_errors)
+        return {a.arch_name: progress.lr_scale * epoch_rate(a, len(dev_errors), config.exp.n_epochs_tr, dev_errors)
                 for a in archs}
 
     def train_epoch(epoch: int) -> None:
         """The rest of ``epoch`` from ``progress.chunk``, a checkpoint after every chunk; raises
         :class:`Diverged` at the first non-finite loss or gradient, before any weight takes it."""
         lrs = epoch_rates()
+        train_set.options = loader_options(config, "train", epoch)  # this epoch's batch size and length limit
         plan = train_set.chunk_keys(epoch)
         remaining = sum(frames_of[key] for keys in plan[progress.chunk:] for key in keys)
         model.train()
@@ -334,12 +334,15 @@ def parse_arguments(argv):
                         help="the last stage to run (as a Kaldi recipe's --stop-stage)")
     parser.add_argument("--forward-only", action="store_true", help="no training: forward and decode with a trained model")
     parser.add_argument("--model", type=Path, help="with --forward-only: the trained experiment folder (default out_folder)")
+    parser.add_argument("--convert", action="store_true", help="print a pytorch-kaldi config in our vocabulary and stop")
     args, overrides = parser.parse_known_args(argv)
     return args, overrides
 
 
 def run(argv=None) -> None:
     args, overrides = parse_arguments(argv)
+    if args.convert:
+        return print(pytorch_kaldi.convert(args.config, parse_overrides(overrides)))
     config = parse_config(args.config, overrides)
     check_architectures(config)  # every unit and its options, before anything runs
     device = pick_device(config)
@@ -365,6 +368,8 @@ def run(argv=None) -> None:
 
 def run_stages(args, config: Config, exp: Experiment, device: torch.device, dist: Distributed, argv) -> None:
     log.info("%s", " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]))
+    for note in dict.fromkeys(config.notes):  # a translated pytorch-kaldi config: what replaced what, once
+        log.info("%s", note)
     if config.exp.mixed_precision and device.type != "cuda":
         log.warning("[exp] mixed_precision is ignored on the CPU")
     if device.type == "cpu":  # build (first run) or load the C++ time loops now, not in the first batch

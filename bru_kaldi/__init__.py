@@ -5,6 +5,9 @@ In the order a run uses them (``run_exp.py``), each module one job:
 
 =========================  =========================================================================
 ``config``                 the INI config parsed once into typed, validated dataclasses (no torch)
+``pytorch_kaldi/``         pytorch-kaldi's own configs translated into ours (sections, architectures,
+                           the ``[model] model=`` program), read by ``config`` (no torch)
+``schedules``              per-epoch values: progressive rates and batch sizes, the length curriculum
 ``builtin_corpus``         the hook that builds the built-in corpus by running its recipe's ``run.sh``
 ``kaldi/``                 Kaldi's files without Kaldi: ``rspecifiers`` (files and checked pipes),
                            ``tables`` (ark/scp), ``transition_model`` (``final.mdl``), ``alignments``

@@ -58,6 +58,7 @@ from bru_kaldi.atomic import write_text_atomically
 from bru_kaldi.builtin_corpus import SIZES as BUILTIN_SIZES
 from bru_kaldi.builtin_corpus import TASKS as BUILTIN_TASKS
 from bru_kaldi.feature_transforms import parse_fea_opts
+from bru_kaldi.schedules import expand_schedule
 from bru_kaldi.scoring import SCORINGS
 
 
@@ -67,7 +68,11 @@ class ConfigError(ValueError):
 
 # The values some options take, each list in one place: the code that implements them imports it.
 DEVICES = ("auto", "cpu", "cuda")  # auto: CUDA when available
-LONG_UTTERANCES = ("split", "drop")  # utterances over max_seq_length: split into near-equal pieces, or dropped
+# utterances over max_seq_length: split into near-equal pieces, cut into pieces of exactly max_seq_length
+# frames (the last one shorter, as pytorch-kaldi), or dropped
+LONG_UTTERANCES = ("split", "cut", "drop")
+BATCH_UNITS = ("utterances", "frames")  # what batch_size_train counts; frames: shuffled single frames
+DROPOUT_PLACES = ("input", "inside")  # see Architecture.dropout_at
 OPTIMIZERS = ("sgd", "adam", "rmsprop", "adadelta")  # bru_kaldi.training.make_optimizer
 DECODERS = ("auto", "kaldi", "python")  # auto: Kaldi when its binaries are on PATH (bru_kaldi.decoding)
 
@@ -143,6 +148,17 @@ class Batches:
     long_utterances: str = choice(*LONG_UTTERANCES, default="split")
     max_missing_fraction: float = 0.05  # utterances missing from a stream or the labels: skipped up to this
     length_tolerance: int = 0  # frames by which features and alignments may differ (trimmed to the shortest)
+    # per-epoch values in pytorch-kaldi's compact form, "128*12|64" (12 epochs of 128, then 64 to the end);
+    # empty: batch_size_train / max_seq_length_train every epoch (bru_kaldi.schedules)
+    batch_size_train_schedule: str = ""
+    max_seq_length_train_schedule: str = ""
+    # the sequence-length curriculum: epoch 1 trains on pieces of at most seq_len_start frames, each next
+    # epoch on seq_len_factor times the previous length, up to the epoch's max_seq_length_train; 0: off
+    seq_len_start: int = 0
+    seq_len_factor: int = 2
+    # frames: training batches of batch_size_train single frames drawn from the whole chunk (frame-wise
+    # models only, as pytorch-kaldi batches non-recurrent models); validation and forward are unchanged
+    batch_unit: str = choice(*BATCH_UNITS, default="utterances")
 
 
 @dataclass
@@ -163,6 +179,14 @@ class Architecture:
     tau11: Optional[float] = None
     tau01: Optional[float] = None
     arch_lr: float = 0.0008
+    # per-epoch rates in pytorch-kaldi's compact form, "0.0004*10|0.0002*5": replaces arch_lr and turns
+    # off the halving on dev plateaus (as pytorch-kaldi); empty: arch_lr with halving
+    arch_lr_schedule: str = ""
+    norm_momentum: float = 0.1  # batch norm: running statistics move by this fraction per batch
+    # input: inverted dropout on each layer's input, one mask per sequence; inside: pytorch-kaldi's place,
+    # on the candidate state of lstm/gru/ligru/rnn (one mask per sequence, not rescaled in training, x(1-p)
+    # in evaluation) and on the output of an mlp layer (per frame, inverted)
+    dropout_at: str = choice(*DROPOUT_PLACES, default="input")
     arch_halving_factor: float = 0.5
     arch_improvement_threshold: float = 0.001
     arch_warmup_steps: int = 0  # the rate rises linearly to arch_lr over the run's first optimiser steps
@@ -188,6 +212,10 @@ class Model:
     senone_lab: str = "lab_cd"
     mono_lab: str = "none"  # an auxiliary monophone output, as pytorch-kaldi's multi-task recipes
     mono_weight: float = 1.0
+    # the architecture whose optimiser (and learning rate) trains the senone / monophone output layer;
+    # empty: the last of the stack. One not in the stack has no layers of its own (sizes empty).
+    senone_arch: str = ""
+    mono_arch: str = ""
 
 
 @dataclass
@@ -224,6 +252,8 @@ class Config:
     forward: Forward
     decoding: Decoding
     source: str = "<string>"
+    # what a translated config (bru_kaldi.pytorch_kaldi) says about options it replaced: logged once per run
+    notes: list[str] = field(default_factory=list)
 
     def dataset(self, name: str) -> Dataset:
         for d in self.datasets:
@@ -432,7 +462,18 @@ def parse_config(path, overrides: Sequence[str] = ()) -> Config:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    return parse_config_text(path.read_text(), parse_overrides(overrides), source=str(path))
+    text = path.read_text()
+    from bru_kaldi import pytorch_kaldi  # it builds on this module
+
+    if pytorch_kaldi.is_pytorch_kaldi(text):  # pytorch-kaldi's own vocabulary: translated to ours, then read
+        try:
+            text, notes = pytorch_kaldi.translate(text, str(path), parse_overrides(overrides))
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        config = parse_config_text(text, source=str(path))
+        config.notes = notes
+        return config
+    return parse_config_text(text, parse_overrides(overrides), source=str(path))
 
 
 # --------------------------------------------------------------------------- cross-section checks
@@ -468,6 +509,11 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
     for option in ("batch_size_train", "batch_size_valid"):
         if getattr(b, option) < 1:
             add(f"{src} [batches] {option}: expected at least 1, got {getattr(b, option)}")
+    for option, kind in (("batch_size_train_schedule", int), ("max_seq_length_train_schedule", int)):
+        _check_schedule(getattr(b, option), kind, config.exp.n_epochs_tr, f"{src} [batches] {option}", add)
+    if b.seq_len_start < 0 or b.seq_len_factor < 1:
+        add(f"{src} [batches] seq_len_start, seq_len_factor: expected frames >= 0 (0: no curriculum) and a factor "
+            f">= 1, got {b.seq_len_start} and {b.seq_len_factor}")
     if not 0.0 <= b.max_missing_fraction <= 1.0:
         add(f"{src} [batches] max_missing_fraction: expected a fraction in [0, 1], got {b.max_missing_fraction}")
     if b.length_tolerance < 0:
@@ -479,8 +525,13 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
     arch_names = [a.arch_name for a in config.architectures]
     for a in config.architectures:
         where = f"{src} [architecture arch_name={a.arch_name}]"
-        if not a.sizes or min(a.sizes) < 1:
-            add(f"{where} sizes: expected positive layer sizes, got {a.sizes}")
+        head_only = a.arch_name not in config.model.stack and a.arch_name in (config.model.senone_arch, config.model.mono_arch)
+        if (not a.sizes and not head_only) or (a.sizes and min(a.sizes) < 1):
+            add(f"{where} sizes: expected positive layer sizes, got {a.sizes} (only an architecture named by "
+                f"[model] senone_arch / mono_arch and not in the stack may have none)")
+        _check_schedule(a.arch_lr_schedule, float, config.exp.n_epochs_tr, f"{where} arch_lr_schedule", add)
+        if not 0 < a.norm_momentum <= 1:
+            add(f"{where} norm_momentum: expected a fraction in (0, 1], got {a.norm_momentum}")
         if not a.arch_lr > 0:
             add(f"{where} arch_lr: expected a positive learning rate, got {a.arch_lr}")
         if a.arch_warmup_steps < 0:
@@ -492,6 +543,10 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
     for name in config.model.stack:
         if name not in arch_names:
             add(str(_unknown("architecture in stack", name, arch_names, f"{src} [model]")))
+    for option in ("senone_arch", "mono_arch"):
+        value = getattr(config.model, option)
+        if value and value not in arch_names:
+            add(str(_unknown(f"architecture for {option}", value, arch_names, f"{src} [model]")))
     fea_names = {s.fea_name for d in config.datasets for s in d.fea}
     for name in config.model.inputs:
         if name not in fea_names:
@@ -508,6 +563,18 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
             add(str(_unknown(f"label stream for {option}", value, lab_names, f"{src} [model]")))
     if problems is None:
         raise_problems(found, src)
+
+
+def _check_schedule(text: str, kind, epochs: int, where: str, add) -> None:
+    if not text:
+        return
+    try:
+        values = expand_schedule(text, kind, epochs)
+    except ValueError as error:
+        add(f"{where}: {error}")
+        return
+    if min(values) <= 0:
+        add(f"{where}: expected positive values, got {text!r}")
 
 
 # --------------------------------------------------------------------------- writing

@@ -39,6 +39,7 @@ import torch
 import models
 from bru_kaldi.config import Architecture, Config, ConfigError, raise_problems
 from models.acoustic import AcousticModel
+from models.norm import MaskedBatchNorm
 
 
 def unit_options(arch: Architecture) -> dict:
@@ -85,13 +86,14 @@ def check_architectures(config: Config) -> None:
     for arch in config.architectures:
         where = f"{config.source} [architecture arch_name={arch.arch_name}]"
         n = len(arch.sizes)
+        if not n:  # an output layer's optimiser only (config.validate allows it for senone_arch / mono_arch)
+            continue
         try:
             arch.dropout = models.per_layer("dropout", arch.dropout, n)
             arch.norm = [None if v is None or str(v).lower() == "none" else v for v in models.per_layer("norm", arch.norm, n)]
             arch.bidirectional = models.per_layer("bidirectional", arch.bidirectional, n)
             with torch.random.fork_rng(devices=[]):  # the check must not move the seeded initial weights
-                models.build_stack(arch.unit, 1, [1] * n, dropout=arch.dropout, norm=arch.norm,
-                                   bidirectional=arch.bidirectional, options=unit_options(arch))
+                _build_stack(arch, 1, [1] * n)
         except ValueError as error:  # ConfigError from unit_options too
             problems.append(f"{where}: {error}")
     if len(set(config.model.stack)) != len(config.model.stack):
@@ -99,23 +101,60 @@ def check_architectures(config: Config) -> None:
     raise_problems(problems, config.source)
 
 
+# Units whose cells take pytorch-kaldi's dropout place (models.gated.InnerDropout, and the mlp's output).
+INNER_DROPOUT_UNITS = ("lstm", "gru", "ligru", "rnn", "mlp")
+
+
+def _build_stack(arch: Architecture, input_size: int, sizes):
+    """``arch``'s layers: its unit and options, its dropout where ``dropout_at`` puts it, its batch-norm
+    momentum."""
+    inside = arch.dropout_at == "inside"
+    if inside and arch.unit not in INNER_DROPOUT_UNITS and any(arch.dropout):
+        raise ConfigError(f"dropout_at = inside: unit {arch.unit} has no candidate state to drop "
+                          f"(units that do: {', '.join(INNER_DROPOUT_UNITS)})")
+    stack = models.build_stack(arch.unit, input_size, sizes, dropout=0.0 if inside else arch.dropout, norm=arch.norm,
+                               bidirectional=arch.bidirectional, options=unit_options(arch))
+    for layer, p in zip(stack.layers, arch.dropout):
+        for cell in getattr(layer, "cells", ()):
+            if inside:
+                cell.inner_dropout = float(p)
+    for module in stack.modules():
+        if isinstance(module, MaskedBatchNorm):
+            module.momentum = arch.norm_momentum
+    return stack
+
+
+def trained_architectures(config: Config) -> list[Architecture]:
+    """The architectures with an optimiser, in the order of :func:`build_model`'s groups: those of
+    ``[model] stack``, then ``senone_arch`` and ``mono_arch`` where they are not in it."""
+    names = list(config.model.stack)
+    heads = [config.model.senone_arch] + ([config.model.mono_arch] if config.model.mono_lab != "none" else [])
+    for name in heads:
+        if name and name not in names:
+            names.append(name)
+    return [config.architecture(name) for name in names]
+
+
 def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optional[int]):
     """The acoustic model of ``[model] stack`` and the parameter groups of each architecture.
 
-    Returns ``(model, groups)``: ``groups[i]`` holds the parameters of the i-th architecture of the
-    stack; the output layers train with the last architecture's optimiser.
+    Returns ``(model, groups)``: ``groups[i]`` holds the parameters of the i-th architecture of
+    :func:`trained_architectures`; the senone output layer trains with ``[model] senone_arch``'s
+    optimiser, the monophone one with ``mono_arch``'s (each by default the last of the stack).
     """
     check_architectures(config)
     stacks, size = [], input_dim
     for name in config.model.stack:
-        arch = config.architecture(name)
-        stack = models.build_stack(arch.unit, size, arch.sizes, dropout=arch.dropout, norm=arch.norm,
-                                   bidirectional=arch.bidirectional, options=unit_options(arch))
+        stack = _build_stack(config.architecture(name), size, config.architecture(name).sizes)
         stacks.append(stack)
         size = stack.output_size
     model = AcousticModel(stacks, num_pdfs, num_mono)
-    groups = [list(stack.parameters()) for stack in model.stacks]
-    groups[-1] += [p for name, p in model.named_parameters() if not name.startswith("stacks.")]
+    names = [a.arch_name for a in trained_architectures(config)]
+    groups = [list(stack.parameters()) for stack in model.stacks] + [[] for _ in names[len(stacks):]]
+    last = config.model.stack[-1]
+    for head, owner in (("senone", config.model.senone_arch or last), ("mono", config.model.mono_arch or last)):
+        if getattr(model, head) is not None:
+            groups[names.index(owner)] += list(getattr(model, head).parameters())
     return model, groups
 
 

@@ -21,6 +21,7 @@ from torch.nn import functional as F
 from bru_kaldi.atomic import write_atomically
 from bru_kaldi.batching import IGNORE
 from bru_kaldi.config import OPTIMIZERS, Config, ConfigError, Model
+from bru_kaldi.schedules import scheduled_lr
 
 
 # --------------------------------------------------------------------------- loss and error
@@ -158,6 +159,15 @@ def learning_rate(initial: float, halving_factor: float, threshold: float, dev_e
         if current <= 0 or (previous - current) / current < threshold:
             lr *= halving_factor
     return lr
+
+
+def epoch_rate(arch, epoch: int, epochs: int, dev_errors: Sequence[float]) -> float:
+    """``arch``'s rate for ``epoch`` (from 0): its ``arch_lr_schedule`` value for that epoch when it has
+    one (pytorch-kaldi: a progressive rate is never halved), else :func:`learning_rate` of ``arch_lr``."""
+    scheduled = scheduled_lr(arch, epoch, epochs)
+    if scheduled is not None:
+        return scheduled
+    return learning_rate(arch.arch_lr, arch.arch_halving_factor, arch.arch_improvement_threshold, dev_errors)
 
 
 # --------------------------------------------------------------------------- device

@@ -16,13 +16,36 @@ from models.recurrent import Cell, RecurrentMatrixCell
 ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid, "softplus": F.softplus}
 
 
+class InnerDropout:
+    """pytorch-kaldi's dropout place for a cell with a candidate state: ``inner_dropout = p`` (an attribute,
+    0 by default; ``bru_kaldi.network`` sets it for ``dropout_at = inside``) multiplies the candidate by
+    one mask per sequence drawn at the first frame, ``(B, H)`` of 0 and 1, *not* rescaled, and by
+    ``1 - p`` in evaluation, as pytorch-kaldi's LSTM, GRU, liGRU and RNN do (the layer's own dropout is on
+    its input and inverted). The mask rides in the state, after the unit's own tensors; the fast paths
+    know nothing of it, so a cell with ``inner_dropout`` runs the reference loop.
+    """
+
+    inner_dropout = 0.0
+
+    def _inner_mask(self, proj) -> tuple:
+        if not self.inner_dropout:
+            return ()
+        keep = 1.0 - self.inner_dropout
+        if self.training:
+            return (proj.new_empty(proj.size(0), self.hidden_size).bernoulli_(keep),)
+        return (proj.new_full((1, 1), keep),)
+
+    def _dropped(self, candidate, state):
+        return candidate * state[-1] if self.inner_dropout else candidate
+
+
 def _activation(name: str):
     if name not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {name!r}")
     return ACTIVATIONS[name]
 
 
-class GRUCell(RecurrentMatrixCell):
+class GRUCell(InnerDropout, RecurrentMatrixCell):
     """Gated recurrent unit (Cho et al. 2014), in PyTorch's convention so weights load from ``nn.GRU``.
 
     Gates ``[r, z, n]``; the reset gate multiplies ``U_n h + b_hn`` (PyTorch), not ``h``::
@@ -41,20 +64,23 @@ class GRUCell(RecurrentMatrixCell):
     recurrent_bias = True
 
     def step(self, proj_t, state):
-        (h,) = state
+        h = state[0]
         xr, xz, xn = proj_t.chunk(3, dim=-1)
         hr, hz, hn = self.recurrent(h).chunk(3, dim=-1)
         r = torch.sigmoid(xr + hr)
         z = torch.sigmoid(xz + hz)
-        n = torch.tanh(xn + r * hn)
+        n = self._dropped(torch.tanh(xn + r * hn), state)
         h = (1 - z) * n + z * h
-        return (h,), (h,)
+        return (h,), (h,) + state[1:]
+
+    def initial_state(self, proj):
+        return super().initial_state(proj) + self._inner_mask(proj)
 
     def fast_forward(self, proj, lengths):
-        return fast.gated(self, "gru", proj, lengths)
+        return None if self.inner_dropout else fast.gated(self, "gru", proj, lengths)
 
 
-class LSTMCell(RecurrentMatrixCell):
+class LSTMCell(InnerDropout, RecurrentMatrixCell):
     """Long short-term memory (Hochreiter and Schmidhuber 1997, with forget gate), PyTorch's gate order.
 
     Gates ``[i, f, g, o]``: ``c_t = f * c_{t-1} + i * g``, ``h_t = o * tanh(c_t)``; zero initial state.
@@ -69,25 +95,34 @@ class LSTMCell(RecurrentMatrixCell):
 
     def initial_state(self, proj):
         zeros = proj.new_zeros(proj.size(0), self.hidden_size)
-        return zeros, zeros
+        return (zeros, zeros) + self._inner_mask(proj)
 
     def step(self, proj_t, state):
-        h, c = state
+        h, c = state[:2]
         i, f, g, o = (proj_t + self.recurrent(h)).chunk(4, dim=-1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * self._dropped(torch.tanh(g), state)
         h = torch.sigmoid(o) * torch.tanh(c)
-        return (h,), (h, c)
+        return (h,), (h, c) + state[2:]
 
     def fast_forward(self, proj, lengths):
-        return fast.gated(self, "lstm", proj, lengths)
+        return None if self.inner_dropout else fast.gated(self, "lstm", proj, lengths)
 
 
-class LiGRUCell(RecurrentMatrixCell):
+class LiGRUCell(InnerDropout, RecurrentMatrixCell):
     """Light GRU (Ravanelli et al. 2018), as eq. 8 of the Li-BRU paper. Gates ``[z, h~]``::
 
         z_t  = sigma(W_z x_t + V_z h_{t-1} + b_z)        (8a)
         h~_t = ReLU(W_h x_t + V_h h_{t-1} + b_h)         (8b)
         h_t  = z_t * h~_t + (1 - z_t) * h_{t-1}          (8c)
+
+    The update gate's convention is the Li-BRU paper's: ``z`` weighs the candidate. pytorch-kaldi's
+    ``liGRU`` (``neural_networks.py``) writes ``h_t = z' h_{t-1} + (1 - z') h~_t``, so its gate is
+    ``z' = 1 - z``. Since ``1 - sigma(a) = sigma(-a)``, the two cells compute the same function when the
+    gate's weights are negated: ours ``W_z = -W'_z``, ``V_z = -V'_z``, ``b_z = -b'_z`` (with batch norm on the
+    projection: the norm's shift negated, its scale kept), ``W_h, V_h, b_h`` unchanged. Layout: the layer's
+    projection rows are ``[z; h~]`` (``layer.proj``), the recurrent matrix ``[V_z; V_h]``
+    (``cell.recurrent``). ``tests/test_pytorch_kaldi_units.py`` checks the mapping against a
+    transcription of pytorch-kaldi's step to 1e-12 in float64.
 
     >>> import models
     >>> models.build("ligru", 3, 4, norm="batch")(torch.randn(2, 5, 3), [5, 2]).shape
@@ -97,15 +132,18 @@ class LiGRUCell(RecurrentMatrixCell):
     num_gates = 2
 
     def step(self, proj_t, state):
-        (h,) = state
+        h = state[0]
         a_z, a_h = (proj_t + self.recurrent(h)).chunk(2, dim=-1)
         z = torch.sigmoid(a_z)  # (8a)
-        candidate = torch.relu(a_h)  # (8b)
+        candidate = self._dropped(torch.relu(a_h), state)  # (8b)
         h = z * candidate + (1 - z) * h  # (8c)
-        return (h,), (h,)
+        return (h,), (h,) + state[1:]
+
+    def initial_state(self, proj):
+        return super().initial_state(proj) + self._inner_mask(proj)
 
     def fast_forward(self, proj, lengths):
-        return fast.gated(self, "ligru", proj, lengths)
+        return None if self.inner_dropout else fast.gated(self, "ligru", proj, lengths)
 
 
 class MGUCell(RecurrentMatrixCell):
@@ -135,7 +173,7 @@ class MGUCell(RecurrentMatrixCell):
         return fast.gated(self, "mgu", proj, lengths)
 
 
-class RNNCell(RecurrentMatrixCell):
+class RNNCell(InnerDropout, RecurrentMatrixCell):
     """Elman RNN: ``h_t = act(W x_t + U h_{t-1} + b)``, ``act`` tanh (default) or relu.
 
     >>> import models
@@ -151,12 +189,14 @@ class RNNCell(RecurrentMatrixCell):
         self.activation_name = activation
 
     def step(self, proj_t, state):
-        (h,) = state
-        h = self.activation(proj_t + self.recurrent(h))
-        return (h,), (h,)
+        h = self._dropped(self.activation(proj_t + self.recurrent(state[0])), state)
+        return (h,), (h,) + state[1:]
+
+    def initial_state(self, proj):
+        return super().initial_state(proj) + self._inner_mask(proj)
 
     def fast_forward(self, proj, lengths):
-        if self.activation_name not in ("tanh", "relu"):  # the fused steps; sigmoid and softplus loop
+        if self.inner_dropout or self.activation_name not in ("tanh", "relu"):  # the fused steps; sigmoid and softplus loop
             return None
         return fast.gated(self, "rnn_" + self.activation_name, proj, lengths)
 
@@ -169,9 +209,12 @@ class MLPCell(Cell):
     torch.Size([2, 5, 4])
     """
 
+    # pytorch-kaldi's MLP drops each layer's output (per frame, inverted); bru_kaldi.network sets it
+    inner_dropout = 0.0
+
     def __init__(self, hidden_size: int, activation: str = "relu"):
         super().__init__(hidden_size)
         self.activation = _activation(activation)
 
     def forward(self, proj, lengths):
-        return self.activation(proj), None
+        return F.dropout(self.activation(proj), self.inner_dropout, self.training), None

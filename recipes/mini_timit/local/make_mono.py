@@ -1,7 +1,11 @@
 """Stage 4: the monophone model ``exp/mono`` and the alignments ``exp/mono_ali_<split>``.
 
-The model is what Kaldi's ``gmm-init-mono`` starts from, without Gaussians: a monophone tree
-(``tree``) and a TransitionModel over ``data/lang/topo`` (``final.mdl``), both from kaldi-hmm-gmm.
+The model is a monophone tree (``tree``) and a TransitionModel over ``data/lang/topo``, both from
+kaldi-hmm-gmm, and one diagonal Gaussian per pdf estimated on the training alignments (what
+``gmm-init-mono`` and a ``gmm-est`` pass on a fixed alignment give): ``final.mdl`` is a complete GMM
+model, which Kaldi's ``gmm-*`` programs and ``steps/align_si.sh`` read. The Gaussians model the
+training features as ``align_si.sh`` prepares them: ``feats.scp`` with per-speaker CMVN (means) and
+deltas (``add-deltas`` defaults).
 Alignments need no acoustic model: the synthesiser says where every phone is
 (``data/local/<split>/phone_segments.txt``). A frame belongs to the phone under its centre; each
 phone's frames are cut into its HMM states in equal parts; every frame gets the transition-id of
@@ -25,7 +29,11 @@ import numpy as np
 from bru_kaldi.atomic import atomic_path, write_atomically
 from recipes.mini_timit.local.layout import SIZES, SPLITS, atomic_write_text, read_table, run_stage, stage_args
 from recipes.mini_timit.local.synthesize import split_by_speaker
-from bru_kaldi.kaldi.transition_model import write_transition_model
+from bru_kaldi.feature_transforms import add_deltas, apply_cmvn
+from bru_kaldi.kaldi.alignments import read_alignments
+from bru_kaldi.kaldi.gmm import GaussianStats, write_gmm_model
+from bru_kaldi.kaldi.tables import read_matrices
+from bru_kaldi.kaldi.transition_model import TransitionModel, write_transition_model
 
 FRAME_SHIFT, FRAME_LENGTH = 160, 400  # samples at 16 kHz; snip_edges=true
 
@@ -114,6 +122,30 @@ def write_model(tm, tree, mono: Path) -> None:
     atomic_write_text(mono / "num_pdfs", f"{tm.num_pdfs}\n")
 
 
+def add_gmm(tm, data_dir: Path, train_ali: Path, mono: Path, ali_dirs) -> None:
+    """Estimate a Gaussian per pdf on ``data_dir``'s features (CMVN per speaker, deltas) under the
+    alignments of ``train_ali``, and rewrite ``mono/final.mdl`` (and its copies in ``ali_dirs``) as
+    TransitionModel + AmDiagGmm."""
+    model = tm if isinstance(tm, TransitionModel) else TransitionModel.from_kaldi_text(str(tm), source="mono")
+    utt2spk = read_table(data_dir / "utt2spk")
+    cmvn = dict(read_matrices(f"scp:{data_dir / 'cmvn.scp'}", dtype=np.float64))
+    alignments = dict(read_alignments(str(train_ali)))
+    stats = None
+    for utt, feats in read_matrices(f"scp:{data_dir / 'feats.scp'}"):
+        if utt not in alignments:
+            continue
+        frames = add_deltas(apply_cmvn(feats, cmvn[utt2spk[utt]]))
+        stats = stats or GaussianStats(model.num_pdfs, frames.shape[1])
+        stats.add(frames, model.ali_to_pdf(alignments[utt]), source=f"{data_dir}/feats.scp utterance {utt}")
+    if stats is None:
+        raise ValueError(f"no utterance of {data_dir}/feats.scp has an alignment in {train_ali}")
+    write_gmm_model(model, stats.estimate(), mono / "final.mdl")
+    for ali_dir in ali_dirs:
+        shutil.copyfile(mono / "final.mdl", ali_dir / "final.mdl")
+    print(f"GMM: one Gaussian per pdf, {model.num_pdfs} pdfs, dimension {stats.dim}, "
+          f"{int(stats.counts.sum())} frames")
+
+
 def main() -> None:
     args = stage_args(4, __doc__.splitlines()[0])
     size = SIZES[args.size]
@@ -146,6 +178,8 @@ def main() -> None:
                 shutil.copyfile(mono / name, ali_dir / name)
             atomic_write_text(ali_dir / "num_jobs", f"{len(jobs)}\n")
             print(f"{split}: {len(frames)} alignments in {len(jobs)} archives")
+        add_gmm(tm, root / "data" / "train", root / "exp" / "mono_ali_train", mono,
+                [root / "exp" / f"mono_ali_{split}" for split in SPLITS])
 
 
 if __name__ == "__main__":

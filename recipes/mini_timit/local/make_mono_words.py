@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from recipes.mini_timit.local.layout import SIZES, SPLITS, atomic_write_text, read_table, run_stage, stage_args
-from recipes.mini_timit.local.make_mono import align, transition_table, write_gzip_ark, write_model
+from recipes.mini_timit.local.make_mono import add_gmm, align, transition_table, write_gzip_ark, write_model
 from recipes.mini_timit.local.synthesize import split_by_speaker
 
 
@@ -79,6 +79,8 @@ def main() -> None:
                 shutil.copyfile(mono / name, ali_dir / name)
             atomic_write_text(ali_dir / "num_jobs", f"{len(jobs)}\n")
             print(f"{split}: {len(frames)} alignments in {len(jobs)} archives")
+        add_gmm(tm, root / "data" / "train_words", root / "exp" / "mono_words_ali_train", mono,
+                [root / "exp" / f"mono_words_ali_{split}" for split in SPLITS])
         print(f"model: {tm.num_pdfs} pdfs, {tm.num_transition_ids} transition-ids")
 
 

@@ -1,0 +1,175 @@
+"""pytorch-kaldi's ``[architectureN]`` sections (``arch_class`` and its ``proto/<class>.proto`` options) in
+our vocabulary.
+
+Each class maps to one of our units, with pytorch-kaldi's option prefix: ``LSTM`` (``lstm_``) -> ``lstm``,
+``GRU`` (``gru_``) -> ``gru``, ``liGRU`` (``ligru_``) -> ``ligru``, ``RNN`` (``rnn_``) -> ``rnn``, ``MLP``
+(``dnn_``) -> ``mlp``; our own units take their name as class and prefix (``liBRU``, ``libru_lay``...).
+An MLP whose last layer is ``N_out_<label>`` with ``softmax`` is (or ends in) an output layer: our
+senone or monophone output, trained by that architecture's optimiser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# arch_class -> (our unit, option prefix)
+CLASSES = {"lstm": ("lstm", "lstm"), "gru": ("gru", "gru"), "ligru": ("ligru", "ligru"), "rnn": ("rnn", "rnn"),
+           "mlp": ("mlp", "dnn"), "libru": ("libru", "libru"), "bru": ("bru", "bru"), "ubru": ("ubru", "ubru"),
+           "lbru": ("lbru", "lbru"), "ubru_tpami": ("ubru_tpami", "ubru_tpami"), "mgu": ("mgu", "mgu")}
+# pytorch-kaldi classes we have no equivalent for (its neural_networks.py)
+NO_EQUIVALENT = ("CNN", "SincNet", "SRU", "QRNN", "QLSTM", "PASE", "minimalGRU", "LSTM_cudnn", "GRU_cudnn",
+                 "RNN_cudnn", "logMelFb", "channel_averaging", "fusionRNN_jit", "liGRU_layer", "FusionLinearConv")
+# the activation each recurrent unit has (pytorch-kaldi lets *_act choose; ours are fixed)
+FIXED_ACT = {"lstm": "tanh", "gru": "tanh", "ligru": "relu"}
+ACTS = ("tanh", "relu", "sigmoid", "softplus")
+OPTIMIZER_OPTIONS = {
+    "rmsprop": ("opt_momentum", "opt_alpha", "opt_eps", "opt_centered", "opt_weight_decay"),
+    "sgd": ("opt_momentum", "opt_weight_decay", "opt_dampening", "opt_nesterov"),
+    "adam": ("opt_betas", "opt_eps", "opt_weight_decay", "opt_amsgrad"),
+}
+COMMON = ("arch_name", "arch_proto", "arch_library", "arch_class", "arch_pretrain_file", "arch_freeze",
+          "arch_seq_model", "arch_lr", "arch_halving_factor", "arch_improvement_threshold", "arch_opt")
+
+
+@dataclass
+class Translated:
+    """One architecture in our vocabulary: ``options`` (our names -> text), and what its last layer is."""
+
+    name: str
+    options: dict
+    seq_model: bool
+    output_of: str = ""  # "N_out_<label>" when the last layer is a softmax output
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _bool(text: str) -> bool:
+    return str(text).strip().lower() in ("true", "yes", "1", "on")
+
+
+def _per_layer(text: str, count: int, what: str, problems: list) -> list[str]:
+    values = [v.strip() for v in str(text).split(",") if v.strip()]
+    if len(values) == 1:
+        values = values * count
+    if len(values) != count:
+        problems.append(f"{what}: expected 1 or {count} values (one per layer), got {len(values)}")
+        values = (values + values[-1:] * count)[:count] if values else ["0"] * count
+    return values
+
+
+def translate_architecture(options: dict, where: str) -> Translated:
+    """Our options for one ``[architectureN]`` (lower-cased option names)."""
+    problems, notes = [], []
+    name = options.get("arch_name", "")
+    klass = options.get("arch_class", "")
+    out = {"arch_name": name}
+    unit, prefix = CLASSES.get(klass.lower(), (None, None))
+    if unit is None:
+        why = "no equivalent here" if klass in NO_EQUIVALENT else "not a class we know"
+        problems.append(f"{where} arch_class = {klass}: {why} (supported: LSTM, GRU, liGRU, RNN, MLP, liBRU, BRU, UBRU, "
+                        f"LBRU, UBRU_tpami, MGU)")
+        return Translated(name, out, True, problems=problems)
+    out["unit"] = unit
+    own = {k for k in options if k.startswith(prefix + "_")}
+    lays = [v.strip() for v in options.get(f"{prefix}_lay", "").split(",") if v.strip()]
+    if not lays:
+        problems.append(f"{where} {prefix}_lay: required (one size per layer)")
+        return Translated(name, out, True, problems=problems)
+    n = len(lays)
+    drops = _per_layer(options.get(f"{prefix}_drop", "0.0"), n, f"{where} {prefix}_drop", problems)
+    bns = [_bool(v) for v in _per_layer(options.get(f"{prefix}_use_batchnorm", "False"), n, f"{where} {prefix}_use_batchnorm", problems)]
+    lns = [_bool(v) for v in _per_layer(options.get(f"{prefix}_use_laynorm", "False"), n, f"{where} {prefix}_use_laynorm", problems)]
+    acts = _per_layer(options.get(f"{prefix}_act", FIXED_ACT.get(unit, "relu")), n, f"{where} {prefix}_act", problems)
+    output_of = ""
+    if lays[-1].startswith("N_out_") or acts[-1] == "softmax":
+        if unit != "mlp" or not lays[-1].startswith("N_out_") or acts[-1] != "softmax":
+            problems.append(f"{where}: an output layer must be an MLP layer N_out_<label> with softmax "
+                            f"(got {prefix}_lay ending {lays[-1]}, {prefix}_act ending {acts[-1]})")
+        elif float(drops[-1]) or bns[-1] or lns[-1]:
+            problems.append(f"{where}: the output layer {lays[-1]} takes no dropout or norm here (got "
+                            f"dnn_drop {drops[-1]}, batchnorm {bns[-1]}, laynorm {lns[-1]})")
+        output_of = lays[-1]
+        lays, drops, bns, lns, acts = lays[:-1], drops[:-1], bns[:-1], lns[:-1], acts[:-1]
+    for size in lays:
+        if not size.isdigit():
+            problems.append(f"{where} {prefix}_lay: {size!r} is not a layer size (N_out_<label> only as an MLP's last, softmax layer)")
+    out["sizes"] = ",".join(lays)
+    out["dropout"] = ",".join(drops) if lays else "0.0"
+    for bn, ln in zip(bns, lns):
+        if bn and ln:
+            problems.append(f"{where} {prefix}_use_batchnorm and {prefix}_use_laynorm: both on one layer is not supported")
+    out["norm"] = ",".join("batch" if bn else "layer" if ln else "none" for bn, ln in zip(bns, lns)) if lays else "none"
+    if any(lns) and unit != "mlp":
+        notes.append(f"{where} {prefix}_use_laynorm: our layer norm normalises each gate's projection W x, "
+                     "pytorch-kaldi's the hidden state after each step")
+    for option in (f"{prefix}_use_laynorm_inp", f"{prefix}_use_batchnorm_inp"):
+        if _bool(options.get(option, "False")):
+            problems.append(f"{where} {option} = True: a trainable norm of the architecture's input is not supported "
+                            "(the features are normalised with the training set's mean and variance)")
+    if lays:
+        if unit in FIXED_ACT:
+            if any(a != FIXED_ACT[unit] for a in acts):
+                problems.append(f"{where} {prefix}_act = {','.join(acts)}: our {unit} uses {FIXED_ACT[unit]} only")
+        elif unit in ("rnn", "mlp"):
+            if len(set(acts)) > 1 or acts[0] not in ACTS:
+                problems.append(f"{where} {prefix}_act = {','.join(acts)}: one activation for every layer, one of {', '.join(ACTS)}")
+            else:
+                out["activation"] = acts[0]
+        elif f"{prefix}_act" in options:
+            problems.append(f"{where} {prefix}_act: unit {unit} has no activation option")
+    if f"{prefix}_bidir" in options:
+        if unit == "mlp":
+            problems.append(f"{where} {prefix}_bidir: an MLP has no direction")
+        out["bidirectional"] = str(_bool(options[f"{prefix}_bidir"]))
+    if f"{prefix}_orthinit" in options and not _bool(options[f"{prefix}_orthinit"]):
+        problems.append(f"{where} {prefix}_orthinit = False: our recurrent matrices are always orthogonally initialised")
+    known_own = {f"{prefix}_{o}" for o in ("lay", "drop", "use_batchnorm", "use_laynorm", "use_laynorm_inp",
+                                           "use_batchnorm_inp", "act", "bidir", "orthinit")}
+    # pytorch-kaldi's own meanings: batch-norm momentum 0.05, dropout on the candidate / the MLP output
+    out["norm_momentum"] = "0.05"
+    out["dropout_at"] = "inside"
+    _common(options, out, where, problems, notes)
+    opt = out.get("arch_opt", "rmsprop")
+    for option in options:
+        if option in COMMON or option in known_own or option in OPTIMIZER_OPTIONS.get(opt, ()):
+            continue
+        problems.append(f"{where} {option}: not an option of arch_class {klass} with arch_opt {opt} "
+                        f"(proto/{klass}.proto, proto/{opt}.proto)")
+    return Translated(name, out, _bool(options.get("arch_seq_model", "True" if unit != "mlp" else "False")),
+                      output_of, problems, notes)
+
+
+def _common(options: dict, out: dict, where: str, problems: list, notes: list) -> None:
+    """The options every architecture has, and its optimiser's."""
+    library = options.get("arch_library", "neural_networks")
+    if library != "neural_networks":
+        problems.append(f"{where} arch_library = {library}: only pytorch-kaldi's neural_networks classes map to our units")
+    if options.get("arch_pretrain_file", "none").lower() != "none":
+        problems.append(f"{where} arch_pretrain_file: loading pytorch-kaldi weights is not supported")
+    if _bool(options.get("arch_freeze", "False")):
+        problems.append(f"{where} arch_freeze = True: frozen architectures are not supported")
+    lr = options.get("arch_lr", "0.08")
+    if "|" in lr or "*" in lr:
+        out["arch_lr"] = lr.split("|")[0].split("*")[0]
+        out["arch_lr_schedule"] = lr
+    else:
+        out["arch_lr"] = lr
+    for option in ("arch_halving_factor", "arch_improvement_threshold"):
+        if option in options:
+            out[option] = options[option]
+    opt = options.get("arch_opt", "sgd")
+    if opt not in OPTIMIZER_OPTIONS:
+        problems.append(f"{where} arch_opt = {opt}: expected sgd, rmsprop or adam")
+        return
+    out["arch_opt"] = opt
+    for option in ("opt_momentum", "opt_alpha", "opt_eps", "opt_centered", "opt_weight_decay", "opt_nesterov"):
+        if option in options and option in OPTIMIZER_OPTIONS[opt]:
+            out[option] = options[option]
+    if opt == "rmsprop":
+        out["opt_bias_correction"] = "False"  # pytorch-kaldi's RMSprop is torch's, uncorrected
+    if opt == "adam" and "opt_betas" in options:
+        out["opt_betas"] = options["opt_betas"]
+    if float(options.get("opt_dampening", "0") or 0):
+        problems.append(f"{where} opt_dampening = {options['opt_dampening']}: SGD dampening is not supported")
+    if _bool(options.get("opt_amsgrad", "False")):
+        problems.append(f"{where} opt_amsgrad = True: AMSGrad is not supported")

@@ -1,0 +1,160 @@
+"""pytorch-kaldi's ``[model] model=`` expressions: parsed, then resolved into our network's shape.
+
+pytorch-kaldi describes the network as a program, one assignment a line (``utils.model_init`` and
+``forward_model`` run it)::
+
+    out_dnn1=compute(LSTM_layers,fmllr)          # an architecture applied to a feature stream
+    out_dnn2=compute(MLP_layers,out_dnn1)        # ... or to another output
+    out_dnn3=compute(MLP_layers2,out_dnn1)       # a second head on the same layers
+    loss_mono=cost_nll(out_dnn3,lab_mono)        # mean NLL of a softmax output against a label stream
+    loss_mono_w=mult_constant(loss_mono,1.0)
+    loss_cd=cost_nll(out_dnn2,lab_cd)
+    loss_final=sum(loss_cd,loss_mono_w)          # what is minimised
+    err_final=cost_err(out_dnn2,lab_cd)          # the frame error reported
+
+Our network is one chain of architectures from the input streams (``[model] inputs``, several
+concatenated per frame) to a senone softmax, with an optional monophone softmax on the same layers;
+:func:`resolve` maps a program onto that and reports every construct that does not fit.
+
+>>> g = parse_model("o1=compute(A,fmllr)\\no2=compute(B,o1)\\nloss_final=cost_nll(o2,lab_cd)\\nerr_final=cost_err(o2,lab_cd)", "x")
+>>> g["o2"]
+('compute', ['B', 'o1'])
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+OPERATIONS = ("compute", "concatenate", "cost_nll", "cost_err", "mult", "mult_constant", "sum", "sum_constant",
+              "avg", "mse")
+_LINE = re.compile(r"^\s*([A-Za-z_][\w]*)\s*=\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$")
+
+
+def parse_model(text: str, where: str) -> dict[str, tuple[str, list[str]]]:
+    """``name -> (operation, arguments)`` for each line of a ``model=`` block, in order.
+
+    Raises ValueError naming the line that is not ``name=operation(arg,arg)``.
+    """
+    program: dict[str, tuple[str, list[str]]] = {}
+    for number, line in enumerate(text.strip().splitlines(), 1):
+        if not line.strip():
+            continue
+        match = _LINE.match(line)
+        if not match:
+            raise ValueError(f"{where}: line {number} {line.strip()!r}: expected name=operation(argument,argument)")
+        name, operation, arguments = match.groups()
+        program[name] = (operation, [a.strip() for a in arguments.split(",")])
+    return program
+
+
+@dataclass
+class Network:
+    """What a program describes, in our terms (see :func:`resolve`)."""
+
+    inputs: list[str]  # feature streams, concatenated per frame
+    chain: list[str]  # architectures applied in order, input first; the last one ends with the senone softmax
+    senone_out: str  # the variable of the senone softmax
+    senone_lab: str
+    mono_arch: str = ""  # the architecture that is the monophone softmax alone
+    mono_lab: str = "none"
+    mono_weight: float = 1.0
+    problems: list[str] = field(default_factory=list)
+
+
+def resolve(program: dict, fea_names: set[str], forward_out: str, where: str) -> Network:
+    """Our network for ``program``: every construct we cannot build is added to ``network.problems``
+    (all of them, so that one error can list them).
+
+    ``forward_out`` (``[forward] forward_out``) names the senone output; ``loss_final`` must be its
+    ``cost_nll``, alone or summed with one ``cost_nll`` of a monophone head (optionally through
+    ``mult_constant``); ``err_final`` must be ``cost_err`` of the senone output.
+    """
+    problems: list[str] = []
+    for name, (operation, _) in program.items():
+        if operation not in OPERATIONS:
+            problems.append(f"{where} line {name}=: unknown operation {operation!r} (pytorch-kaldi's are {', '.join(OPERATIONS)})")
+        elif operation in ("mult", "sum_constant", "avg", "mse"):
+            problems.append(f"{where} line {name}={operation}(...): not supported (we train cross-entropy on "
+                            f"senones, with an optional monophone cost: cost_nll, sum, mult_constant)")
+
+    def chain_of(variable: str) -> tuple[list[str], list[str]]:
+        """(architectures, input streams) from the features to ``variable``."""
+        archs: list[str] = []
+        while True:
+            if variable in fea_names:
+                return archs[::-1], [variable]
+            operation, args = program.get(variable, ("missing", []))
+            if operation == "compute" and len(args) == 2:
+                archs.append(args[0])
+                variable = args[1]
+            elif operation == "concatenate" and all(a in fea_names for a in args):
+                return archs[::-1], list(args)
+            else:
+                problems.append(f"{where}: {variable!r} is neither a feature stream ({', '.join(sorted(fea_names))}) "
+                                f"nor compute() / concatenate() of feature streams")
+                return archs[::-1], []
+
+    chain, inputs = chain_of(forward_out)
+    network = Network(inputs=inputs, chain=chain, senone_out=forward_out, senone_lab="", problems=problems)
+    if not chain:
+        problems.append(f"{where}: [forward] forward_out = {forward_out} is not the output of an architecture")
+        return network
+    trunk_out = program[forward_out][1][1]  # what the senone head reads
+
+    terms = _loss_terms(program, "loss_final", 1.0, where, problems)
+    for out, label, weight in terms:
+        if out == forward_out:
+            network.senone_lab = label
+            if weight != 1.0:
+                problems.append(f"{where} loss_final: the senone cost has weight {weight}; only the monophone cost can be weighted")
+            continue
+        operation, args = program.get(out, ("missing", []))
+        if operation != "compute" or args[1:] != [trunk_out] or network.mono_arch:
+            problems.append(f"{where}: cost_nll({out},{label}) is not a second softmax on {trunk_out} (the layers the "
+                            f"senone output reads): only a monophone head on the same layers is supported")
+            continue
+        network.mono_arch, network.mono_lab, network.mono_weight = args[0], label, weight
+    if not network.senone_lab:
+        problems.append(f"{where} loss_final: no cost_nll({forward_out},<label>) of the senone output "
+                        f"([forward] forward_out = {forward_out})")
+    error = program.get("err_final")
+    if error is None or error[0] != "cost_err" or error[1][0] != forward_out:
+        problems.append(f"{where} err_final: expected cost_err({forward_out},{network.senone_lab or 'lab_cd'})")
+    used = {forward_out, "loss_final", "err_final"} | set(_reachable(program, "loss_final"))
+    used |= set(_reachable(program, forward_out))
+    for name, (operation, _) in program.items():
+        if name not in used:
+            problems.append(f"{where} line {name}={operation}(...): not used by loss_final or forward_out")
+    return network
+
+
+def _loss_terms(program: dict, variable: str, weight: float, where: str, problems: list) -> list[tuple[str, str, float]]:
+    """``(output, label, weight)`` of every ``cost_nll`` summed into ``variable``."""
+    if variable not in program:
+        problems.append(f"{where}: no {variable}= line (pytorch-kaldi needs loss_final and err_final)")
+        return []
+    operation, args = program[variable]
+    if operation == "cost_nll" and len(args) == 2:
+        return [(args[0], args[1], weight)]
+    if operation == "sum" and len(args) == 2:
+        return _loss_terms(program, args[0], weight, where, problems) + _loss_terms(program, args[1], weight, where, problems)
+    if operation == "mult_constant" and len(args) == 2:
+        try:
+            factor = float(args[1])
+        except ValueError:
+            problems.append(f"{where} line {variable}=mult_constant(...): {args[1]!r} is not a number")
+            return []
+        return _loss_terms(program, args[0], weight * factor, where, problems)
+    problems.append(f"{where} line {variable}={operation}(...): a loss must be cost_nll, sum or mult_constant of losses")
+    return []
+
+
+def _reachable(program: dict, variable: str) -> list[str]:
+    seen, todo = [], [variable]
+    while todo:
+        name = todo.pop()
+        if name in program and name not in seen:
+            seen.append(name)
+            todo.extend(program[name][1])
+    return seen

@@ -1,0 +1,315 @@
+"""pytorch-kaldi's config format as an input: configs written here in its vocabulary (every construct of
+its TIMIT baselines: [cfg_proto], the machinery options, multi-stream datasets, LSTM / GRU / liGRU / RNN /
+MLP classes, N_out_lab_cd / N_out_lab_mono output MLPs with their own learning rates, the monophone
+multitask through mult_constant and sum, progressive values, the length curriculum, frame batches)
+are translated, built and run on the tests' tiny corpus.
+
+The expected networks are derived from pytorch-kaldi's neural_networks.py and core.py, stated in
+``EXPECTED`` below: per layer the unit, size, direction, where dropout sits (pytorch-kaldi drops the
+candidate of LSTM/GRU/liGRU/RNN and the output of an MLP layer: our "inside"), the norm and its
+momentum (nn.BatchNorm1d(momentum=0.05) everywhere in pytorch-kaldi), and per architecture its rate.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from bru_kaldi import pytorch_kaldi
+from bru_kaldi.config import ConfigError, parse_config, parse_config_text
+from bru_kaldi.network import build_model, trained_architectures
+from bru_kaldi.schedules import epoch_values
+from models.norm import MaskedBatchNorm
+from tests.test_run_exp import run
+
+HEAD = """[cfg_proto]
+cfg_proto = proto/global.proto
+cfg_proto_chunk = proto/global_chunk.proto
+
+[exp]
+cmd =
+run_nn_script = run_nn
+out_folder = $BRU_TEST_EXP
+seed = 3
+use_cuda = False
+multi_gpu = False
+save_gpumem = False
+N_epochs_tr = {epochs}
+"""
+DATASET = """
+[dataset{n}]
+data_name = {split}
+fea = fea_name=fbank
+\tfea_lst=$MINI_TIMIT/data/{split}/feats.scp
+\tfea_opts=apply-cmvn --utt2spk=ark:$MINI_TIMIT/data/{split}/utt2spk scp:$MINI_TIMIT/data/{split}/cmvn.scp ark:- ark:- | add-deltas --delta-order=0 ark:- ark:- |
+\tcw_left={cw}
+\tcw_right={cw}
+
+\tfea_name=mfcc
+\tfea_lst=$MINI_TIMIT/data/{split}/feats_mfcc.scp
+\tfea_opts=apply-cmvn --utt2spk=ark:$MINI_TIMIT/data/{split}/utt2spk scp:$MINI_TIMIT/data/{split}/cmvn_mfcc.scp ark:- ark:- |
+\tcw_left=0
+\tcw_right=0
+lab = lab_name=lab_cd
+\tlab_folder=$MINI_TIMIT/exp/mono_ali_{split}
+\tlab_opts=ali-to-pdf
+\tlab_count_file=auto
+\tlab_data_folder=$MINI_TIMIT/data/{split}/
+\tlab_graph=$MINI_TIMIT/exp/mono/graph
+
+\tlab_name=lab_mono
+\tlab_folder=$MINI_TIMIT/exp/mono_ali_{split}
+\tlab_opts=ali-to-phones --per-frame=true
+\tlab_count_file=none
+\tlab_data_folder=$MINI_TIMIT/data/{split}/
+\tlab_graph=$MINI_TIMIT/exp/mono/graph
+N_chunks = {chunks}
+"""
+USE = """
+[data_use]
+train_with = train
+valid_with = dev
+forward_with = test
+
+[batches]
+batch_size_train = {batch}
+max_seq_length_train = {maxlen}
+increase_seq_length_train = {increase}
+start_seq_len_train = 50
+multply_factor_seq_len_train = 2
+batch_size_valid = 8
+max_seq_length_valid = 1000
+"""
+OPT = {"rmsprop": "arch_opt = rmsprop\nopt_momentum = 0.0\nopt_alpha = 0.95\nopt_eps = 1e-8\nopt_centered = False\nopt_weight_decay = 0.0\n",
+       "sgd": "arch_opt = sgd\nopt_momentum = 0.0\nopt_weight_decay = 0.0\nopt_dampening = 0.0\nopt_nesterov = False\n"}
+
+
+def arch(n, name, klass, prefix, lay, drop, bn, ln, act, lr, seq, opt="rmsprop", bidir=None):
+    lines = [f"[architecture{n}]", f"arch_name = {name}", f"arch_proto = proto/{klass}.proto", "arch_library = neural_networks",
+             f"arch_class = {klass}", "arch_pretrain_file = none", "arch_freeze = False", f"arch_seq_model = {seq}",
+             f"{prefix}_lay = {lay}", f"{prefix}_drop = {drop}", f"{prefix}_use_laynorm_inp = False",
+             f"{prefix}_use_batchnorm_inp = False", f"{prefix}_use_batchnorm = {bn}", f"{prefix}_use_laynorm = {ln}",
+             f"{prefix}_act = {act}"]
+    if bidir is not None:
+        lines += [f"{prefix}_bidir = {bidir}", f"{prefix}_orthinit = True"]
+    lines += [f"arch_lr = {lr}", "arch_halving_factor = 0.5", "arch_improvement_threshold = 0.001"]
+    return "\n" + "\n".join(lines) + "\n" + OPT[opt]
+
+
+def head(n, name, label, lr):
+    return arch(n, name, "MLP", "dnn", f"N_out_{label}", "0.0", "False", "False", "softmax", lr, "False")
+
+
+MULTITASK = """
+[model]
+model_proto = proto/model.proto
+model = out_dnn1=compute({trunk},{inp})
+\tout_dnn2=compute(MLP_cd,out_dnn1)
+\tout_dnn3=compute(MLP_mono,out_dnn1)
+\tloss_mono=cost_nll(out_dnn3,lab_mono)
+\tloss_mono_w=mult_constant(loss_mono,{weight})
+\tloss_cd=cost_nll(out_dnn2,lab_cd)
+\tloss_final=sum(loss_cd,loss_mono_w)
+\terr_final=cost_err(out_dnn2,lab_cd)
+"""
+TAIL = """
+[forward]
+forward_out = {out}
+normalize_posteriors = True
+normalize_with_counts_from = lab_cd
+save_out_file = False
+require_decoding = {decode}
+
+[decoding]
+decoding_script_folder = kaldi_decoding_scripts/
+decoding_script = decode_dnn.sh
+decoding_proto = proto/decoding.proto
+min_active = 200
+max_active = 7000
+max_mem = 50000000
+beam = 13.0
+latbeam = 8.0
+acwt = 0.2
+max_arcs = -1
+skip_scoring = false
+scoring_script = local/score.sh
+scoring_opts = "--min-lmwt 4 --max-lmwt 6"
+norm_vars = False
+"""
+
+
+def config(trunk_arch, model, epochs=1, batch="4", maxlen="1000", increase="False", cw=0, chunks=2, out="out_dnn2",
+           decode="True", extra=""):
+    datasets = "".join(DATASET.format(n=i, split=s, cw=cw, chunks=chunks if s == "train" else 1)
+                       for i, s in enumerate(("train", "dev", "test"), 1))
+    return (HEAD.format(epochs=epochs) + datasets + USE.format(batch=batch, maxlen=maxlen, increase=increase)
+            + trunk_arch + extra + model + TAIL.format(out=out, decode=decode))
+
+
+HEADS = head(2, "MLP_cd", "lab_cd", "0.003") + head(3, "MLP_mono", "lab_mono", "0.001")
+CONFIGS = {
+    # liGRU, bidirectional, progressive rate and batch size, the length curriculum, monophone weight 0.5
+    "liGRU": config(arch(1, "liGRU_layers", "liGRU", "ligru", "12,10", "0.2,0.1", "True,False", "False", "relu,relu",
+                         "0.004*1|0.002*1", "True", bidir="True") + HEADS,
+                    MULTITASK.format(trunk="liGRU_layers", inp="fbank", weight="0.5"), epochs=2, batch="4*1|2",
+                    maxlen="1000*1|80*1", increase="True", decode="False"),
+    # LSTM, unidirectional, layer norm on the second layer, decoded to a %WER line
+    "LSTM": config(arch(1, "LSTM_layers", "LSTM", "lstm", "10,8", "0.2", "True,False", "False,True", "tanh", "0.0016",
+                        "True", bidir="False") + HEADS,
+                   MULTITASK.format(trunk="LSTM_layers", inp="fbank", weight="1.0")),
+    # GRU and RNN: built and checked, not run (their time loops are the slow ones)
+    "GRU": config(arch(1, "GRU_layers", "GRU", "gru", "8,8,8", "0.2", "True", "False", "tanh", "0.0004", "True",
+                       bidir="True") + HEADS, MULTITASK.format(trunk="GRU_layers", inp="fbank", weight="1.0")),
+    "RNN": config(arch(1, "RNN_layers", "RNN", "rnn", "8", "0.1", "False", "False", "relu", "0.0004", "True",
+                       bidir="True") + HEADS, MULTITASK.format(trunk="RNN_layers", inp="fbank", weight="1.0")),
+    # MLP with a context window, its own output layer in the same architecture (TIMIT_MLP_mfcc_basic's
+    # layout), SGD, two streams concatenated, frame batches
+    "MLP": config(arch(1, "MLP_layers1", "MLP", "dnn", "16,16,N_out_lab_cd", "0.15,0.15,0.0", "True,True,False",
+                       "False", "relu,relu,softmax", "0.08", "False", opt="sgd"),
+                  "\n[model]\nmodel_proto = proto/model.proto\nmodel = conc1=concatenate(fbank,mfcc)\n"
+                  "\tout_dnn1=compute(MLP_layers1,conc1)\n\tloss_final=cost_nll(out_dnn1,lab_cd)\n"
+                  "\terr_final=cost_err(out_dnn1,lab_cd)\n", batch="64", cw=2, out="out_dnn1"),
+}
+
+# What pytorch-kaldi builds for each config (neural_networks.py: LSTM / GRU / liGRU / RNN drop the
+# candidate with one mask per sequence, MLP drops each layer's output; BatchNorm1d(momentum=0.05)):
+# per layer (unit, size, bidirectional, dropout, norm), the rate of each architecture at epoch 1, the
+# heads and the architecture that trains each, the monophone weight, the batch unit.
+EXPECTED = {
+    "liGRU": dict(layers=[("ligru", 12, True, 0.2, "batch"), ("ligru", 10, True, 0.1, None)],
+                  lrs={"liGRU_layers": 0.004, "MLP_cd": 0.003, "MLP_mono": 0.001}, mono=0.5, unit="utterances",
+                  inputs=["fbank"]),
+    "LSTM": dict(layers=[("lstm", 10, False, 0.2, "batch"), ("lstm", 8, False, 0.2, "layer")],
+                 lrs={"LSTM_layers": 0.0016, "MLP_cd": 0.003, "MLP_mono": 0.001}, mono=1.0, unit="utterances",
+                 inputs=["fbank"]),
+    "GRU": dict(layers=[("gru", 8, True, 0.2, "batch")] * 3, lrs={"GRU_layers": 0.0004, "MLP_cd": 0.003, "MLP_mono": 0.001},
+                mono=1.0, unit="utterances", inputs=["fbank"]),
+    "RNN": dict(layers=[("rnn", 8, True, 0.1, None)], lrs={"RNN_layers": 0.0004, "MLP_cd": 0.003, "MLP_mono": 0.001},
+                mono=1.0, unit="utterances", inputs=["fbank"]),
+    "MLP": dict(layers=[("mlp", 16, False, 0.15, "batch"), ("mlp", 16, False, 0.15, "batch")],
+                lrs={"MLP_layers1": 0.08}, mono=None, unit="frames", inputs=["fbank", "mfcc"]),
+}
+CELL = {"ligru": "LiGRUCell", "lstm": "LSTMCell", "gru": "GRUCell", "rnn": "RNNCell", "mlp": "MLPCell"}
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / f"{name}.cfg"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def env(tiny_corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("MINI_TIMIT", str(tiny_corpus.root))
+    monkeypatch.setenv("BRU_TEST_EXP", str(tmp_path / "exp"))
+    return tiny_corpus
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_network_is_the_one_pytorch_kaldi_builds(name, env, tmp_path):
+    config = parse_config(write(tmp_path, name, CONFIGS[name]))
+    want = EXPECTED[name]
+    model, groups = build_model(config, input_dim=5, num_pdfs=31, num_mono=7 if want["mono"] else None)
+    layers = [layer for stack in model.stacks for layer in stack.layers]
+    assert len(layers) == len(want["layers"])
+    for layer, (unit, size, bidir, drop, norm) in zip(layers, want["layers"]):
+        assert type(layer.cells[0]).__name__ == CELL[unit]
+        assert layer.hidden_size == size and layer.bidirectional == bidir
+        assert layer.dropout == 0.0, "pytorch-kaldi drops inside the layer, never its input"
+        assert all(cell.inner_dropout == pytest.approx(drop) for cell in layer.cells)
+        norms = [m for m in layer.modules() if isinstance(m, MaskedBatchNorm)]
+        if norm == "batch":
+            assert norms and all(m.momentum == 0.05 for m in norms)
+        else:
+            assert not norms and (layer.norm is None) == (norm is None)
+    assert model.senone.out_features == 31
+    assert (model.mono.out_features if model.mono is not None else None) == (7 if want["mono"] else None)
+    archs = trained_architectures(config)
+    assert {a.arch_name: a.arch_lr for a in archs} == pytest.approx(want["lrs"])
+    # each output layer trains with its own architecture's optimiser (and rate)
+    owner = {id(p): a.arch_name for a, group in zip(archs, groups) for p in group}
+    senone_owner = "MLP_cd" if "MLP_cd" in want["lrs"] else "MLP_layers1"
+    assert {owner[id(p)] for p in model.senone.parameters()} == {senone_owner}
+    if want["mono"]:
+        assert {owner[id(p)] for p in model.mono.parameters()} == {"MLP_mono"}
+        assert config.model.mono_weight == want["mono"] and config.model.mono_lab == "lab_mono"
+    assert config.batches.batch_unit == want["unit"] and config.model.inputs == want["inputs"]
+    assert all(a.opt_bias_correction is False for a in archs if a.arch_opt == "rmsprop"), "torch's plain RMSprop"
+
+
+def test_progressive_values_and_the_length_curriculum(env, tmp_path):
+    config = parse_config(write(tmp_path, "liGRU", CONFIGS["liGRU"]))
+    # pytorch-kaldi: 50 frames in epoch 1, then min(50 * 2, max_seq_length_train of epoch 1 = 1000)
+    assert [epoch_values(config, e) for e in range(2)] == [{"batch_size": 4, "max_seq_length": 50},
+                                                          {"batch_size": 2, "max_seq_length": 100}]
+    assert config.architecture("liGRU_layers").arch_lr_schedule == "0.004*1|0.002*1"
+    assert config.batches.long_utterances == "cut"
+    # scoring_opts --min-lmwt 4 --max-lmwt 6: the acoustic scales 1/6, 1/5, 1/4
+    assert config.decoding.acwt_sweep == pytest.approx([1 / 6, 1 / 5, 1 / 4], abs=1e-3)
+    assert config.data_use.forward_with == ["dev", "test"]
+
+
+def test_liGRU_multitask_runs_with_its_schedules(env, tmp_path):
+    """Two epochs: the rates are the progressive ones (no halving), the batch size and length change."""
+    path = write(tmp_path, "liGRU", CONFIGS["liGRU"])
+    result = run(env, tmp_path / "exp", "--stop-stage", "train", config=path)
+    lines = [line for line in (tmp_path / "exp" / "res.res").read_text().splitlines() if line.startswith("epoch=")]
+    assert len(lines) == 2
+    assert "lr_liGRU_layers=0.004 " in lines[0] and "lr_liGRU_layers=0.002 " in lines[1]
+    assert "lr_MLP_mono=0.001 " in lines[1] or "lr_MLP_mono=0.0005 " in lines[1]
+    log = (tmp_path / "exp" / "log.txt").read_text()
+    assert "pytorch-kaldi [exp] use_cuda" in log and "untied weights" in log and "1 - z" in log
+    assert log.count("untied weights") == 1, "each difference is said once"
+    assert result.returncode == 0
+
+
+@pytest.mark.parametrize("name", ["LSTM", "MLP"])
+def test_runs_end_to_end_to_a_wer_line(name, env, tmp_path):
+    run(env, tmp_path / "exp", config=write(tmp_path, name, CONFIGS[name]))
+    res = (tmp_path / "exp" / "res.res").read_text()
+    assert re.search(r"^test: %WER \d+\.\d\d \[ \d+ / \d+, ", res, flags=re.M), res
+    assert re.search(r"^dev: %WER ", res, flags=re.M), "the scale is chosen on the validation set"
+    if name == "MLP":
+        assert "batch_size_train counts frames" in (tmp_path / "exp" / "log.txt").read_text()
+
+
+def test_convert_prints_a_native_config_that_reads_the_same(env, tmp_path):
+    path = write(tmp_path, "LSTM", CONFIGS["LSTM"])
+    result = run(env, tmp_path / "exp", "--convert", config=path)
+    native = result.stdout
+    assert "\n[cfg_proto]" not in native and "arch_class" not in native and "unit = lstm" in native
+    assert "# pytorch-kaldi [exp] cmd:" in native
+    assert parse_config_text(native, source="x").model == parse_config(path).model
+
+
+def test_option_names_are_case_insensitive(env, tmp_path):
+    text = CONFIGS["RNN"].replace("N_epochs_tr = 1", "n_EPOCHS_TR = 3").replace("arch_lr = 0.0004", "Arch_LR = 0.0004")
+    assert parse_config(write(tmp_path, "RNN", text)).exp.n_epochs_tr == 3
+
+
+def test_every_unsupported_item_is_listed_in_one_error(env, tmp_path):
+    text = (CONFIGS["liGRU"].replace("arch_class = liGRU", "arch_class = SRU")
+            .replace("dnn_use_batchnorm_inp = False", "dnn_use_batchnorm_inp = True", 1)
+            .replace("opt_weight_decay = 0.0\n\n[model]", "opt_weight_decay = 0.0\nopt_amsgrad = True\n\n[model]")
+            .replace("\terr_final=", "\tx=mse(out_dnn2,out_dnn3)\n\terr_final=")
+            .replace("[data_use]", "[optimization]\nlr = 1\n\n[data_use]"))
+    with pytest.raises(ConfigError) as error:
+        parse_config(write(tmp_path, "bad", text))
+    message = str(error.value)
+    for expected in ("arch_class = SRU: no equivalent here", "dnn_use_batchnorm_inp = True", "opt_amsgrad",
+                     "x=mse(...): not supported", "unknown section [optimization]"):
+        assert expected in message, message
+    assert "bad.cfg" in message and "[architecture1]" in message
+
+
+def test_a_half_migrated_config_is_refused(env, tmp_path):
+    """pytorch-kaldi's option names in our vocabulary's sections are not silently ignored."""
+    text = CONFIGS["LSTM"].replace("lstm_lay = 10,8", "lstm_lay = 10,8\nsizes = 64")
+    with pytest.raises(ConfigError, match=r"sizes: not an option of arch_class LSTM"):
+        parse_config(write(tmp_path, "half", text))
+
+
+def test_detection():
+    assert pytorch_kaldi.is_pytorch_kaldi("[architecture1]\narch_class = LSTM\n")
+    assert not pytorch_kaldi.is_pytorch_kaldi(Path("tests/data/tiny_liBRU.cfg").read_text())
