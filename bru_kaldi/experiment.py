@@ -135,6 +135,51 @@ def epoch_line(h: dict) -> str:
             f"dev_loss={h['dev_loss']:.4f} dev_err={h['dev_err']:.4f} {lrs} time={h['seconds']:.1f}s")
 
 
+def read_res(path) -> tuple[list[dict[str, str]], dict[str, str]]:
+    """A ``res.res`` read by field name: ``(epochs, decodes)``, one ``{field: value}`` dict per epoch
+    line (``epoch``, ``train_loss``, ..., ``lr_<arch>``, ``time``) and ``{set: "%WER ... acwt=..."}``.
+
+    >>> import tempfile, pathlib
+    >>> res = pathlib.Path(tempfile.mkdtemp()) / "res.res"
+    >>> _ = res.write_text("epoch=001 train_loss=2.5000 train_err=0.6000 dev_loss=2.1000 dev_err=0.5500 "
+    ...                    "lr_rnn=0.0004 time=12.5s\\ntest: %WER 30.00 [ 3 / 10, 0 ins, 1 del, 2 sub ] acwt=0.2\\n")
+    >>> epochs, decodes = read_res(res)
+    >>> epochs[0]["dev_err"], decodes["test"]
+    ('0.5500', '%WER 30.00 [ 3 / 10, 0 ins, 1 del, 2 sub ] acwt=0.2')
+    """
+    epochs, decodes = [], {}
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.startswith("epoch="):
+            epochs.append(dict(field.split("=", 1) for field in line.split()))
+        elif ": " in line:
+            name, _, rest = line.partition(": ")
+            decodes[name] = rest
+        elif line.strip():
+            raise ValueError(f"{path}, line {number}: expected an epoch line (epoch=...) or '<set>: %WER ...', "
+                             f"got {line!r}")
+    return epochs, decodes
+
+
+def pytorch_kaldi_epoch_lines(path, train_name: str = "train", dev_name: str = "dev") -> list[str]:
+    """The epoch lines of ``res.res`` in pytorch-kaldi's positional format, for its readers
+    (``utils.export_loss_acc_to_txt`` reads the fields at positions 2, 3, 5 and 6)::
+
+        ep=00 tr=['train'] loss=2.500 err=0.600 valid=dev loss=2.100 err=0.550 lr_rnn=0.0004 time(s)=12
+
+    Epochs count from 0 there, zero-padded to the digits of the number of epochs.
+    """
+    epochs, _ = read_res(path)
+    digits = max(len(str(len(epochs) - 1)), 1) if epochs else 1
+    lines = []
+    for fields in epochs:
+        lrs = " ".join(f"{name}={value}" for name, value in fields.items() if name.startswith("lr_"))
+        lines.append(f"ep={int(fields['epoch']) - 1:0{digits}d} tr=['{train_name}'] "
+                     f"loss={float(fields['train_loss']):.3f} err={float(fields['train_err']):.3f} "
+                     f"valid={dev_name} loss={float(fields['dev_loss']):.3f} err={float(fields['dev_err']):.3f} "
+                     f"{lrs} time(s)={int(float(fields['time'].rstrip('s')))}")
+    return lines
+
+
 # Sections and options that may change between runs on one folder: they do not change what was
 # trained (the stages they feed are done again). None: the whole section.
 RESUMABLE_CHANGES = {"decoding": None, "forward": None, "data_use": {"forward_with"}, "exp": {"device"}}
@@ -214,3 +259,15 @@ def stages_to_redo(exp: Experiment, resolved_text: str) -> list[str]:
     if section(before, "decoding") != section(now, "decoding") or labs[0] != labs[1]:
         return ["decode"]
     return []
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Print a res.res's epoch lines in pytorch-kaldi's format "
+                                     "(for scripts that read its fields by position).")
+    parser.add_argument("res", help="an experiment's res.res")
+    parser.add_argument("--train-name", default="train")
+    parser.add_argument("--dev-name", default="dev")
+    arguments = parser.parse_args()
+    print("\n".join(pytorch_kaldi_epoch_lines(arguments.res, arguments.train_name, arguments.dev_name)))

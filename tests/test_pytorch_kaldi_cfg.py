@@ -313,3 +313,29 @@ def test_a_half_migrated_config_is_refused(env, tmp_path):
 def test_detection():
     assert pytorch_kaldi.is_pytorch_kaldi("[architecture1]\narch_class = LSTM\n")
     assert not pytorch_kaldi.is_pytorch_kaldi(Path("tests/data/tiny_liBRU.cfg").read_text())
+
+
+def test_res_res_reads_by_name_and_converts_to_pytorch_kaldis_positional_lines(tmp_path):
+    """pytorch-kaldi's utils.export_loss_acc_to_txt splits an epoch line on spaces and reads the training
+    loss and error at positions 2 and 3, the first validation set's at 5 and 6 (error = 1 - accuracy)."""
+    from bru_kaldi.experiment import pytorch_kaldi_epoch_lines, read_res
+
+    res = tmp_path / "res.res"
+    res.write_text("".join(
+        f"epoch={e:03d} train_loss={3 - e / 10:.4f} train_err={0.6 - e / 100:.4f} dev_loss={2.5 - e / 10:.4f} "
+        f"dev_err={0.5 - e / 100:.4f} lr_a=0.0004 lr_b=0.0002 time={10.0 * e:.1f}s\n" for e in range(1, 12))
+        + "dev: %WER 31.00 [ 31 / 100, 1 ins, 10 del, 20 sub ] acwt=0.2\n")
+    epochs, decodes = read_res(res)
+    assert len(epochs) == 11 and epochs[10]["lr_b"] == "0.0002" and decodes["dev"].startswith("%WER 31.00")
+    lines = pytorch_kaldi_epoch_lines(res, train_name="TIMIT_tr", dev_name="TIMIT_dev")
+    assert lines[0].startswith("ep=00 tr=['TIMIT_tr'] ") and lines[10].startswith("ep=10 ")  # from 0, two digits
+    for e, line in enumerate(lines, 1):
+        fields = line.split(" ")
+        assert float(fields[2].split("=")[1]) == pytest.approx(3 - e / 10, abs=5e-4)
+        assert float(fields[3].split("=")[1]) == pytest.approx(0.6 - e / 100, abs=5e-4)
+        assert float(fields[5].split("=")[1]) == pytest.approx(2.5 - e / 10, abs=5e-4)
+        assert float(fields[6].split("=")[1]) == pytest.approx(0.5 - e / 100, abs=5e-4)
+        assert fields[7:9] == ["lr_a=0.0004", "lr_b=0.0002"] and fields[-1] == f"time(s)={10 * e}"
+    res.write_text("epoch=001 train_loss=1\nnot a result line\n")
+    with pytest.raises(ValueError, match=r"res.res, line 2: expected an epoch line"):
+        read_res(res)
