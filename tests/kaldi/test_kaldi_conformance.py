@@ -5,7 +5,8 @@ binaries of src/{bin,featbin,latbin,fstbin,gmmbin} are enough); elsewhere each i
 On the tests' tiny built-in corpus:
 
 * Kaldi reads our ``final.mdl``, ``tree``, alignments, feature and log-likelihood archives
-  (``hmm-info``, ``tree-info``, ``ali-to-pdf``, ``copy-feats``, ``copy-matrix``);
+  (``hmm-info``, ``gmm-info``, ``tree-info``, ``ali-to-pdf``, ``copy-feats``, ``copy-matrix``), and its
+  ML update (``gmm-acc-stats-ali`` + ``gmm-est``) on our alignments gives back our mono GMM;
 * our TransitionModel reader equals ``ali-to-pdf``, ``ali-to-phones`` and ``show-transitions``;
 * our ``fea_opts`` CMVN, deltas and splicing equal ``apply-cmvn``, ``add-deltas``, ``splice-feats``;
 * our scoring equals ``compute-wer``; our bootstrap has ``compute-wer-bootci``'s definition;
@@ -76,6 +77,38 @@ def test_kaldi_reads_our_model_tree_and_alignments(tiny_corpus):
     for utt, tids in ours.items():
         assert pdfs[utt] == tm.tid2pdf[tids].tolist()
         assert phones[utt] == tm.tid2phone[tids].tolist()
+
+
+def kaldi_gmm_text(model: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(means, variances)`` ``(P, D)`` of a one-Gaussian-per-pdf model, through ``gmm-copy --binary=false``."""
+    text = kaldi(f"gmm-copy --binary=false {model} -")
+    means_invvars = [np.array(m.split(), dtype=float) for m in re.findall(r"<MEANS_INVVARS>\s*\[(.*?)\]", text, re.S)]
+    inv_vars = [np.array(m.split(), dtype=float) for m in re.findall(r"<INV_VARS>\s*\[(.*?)\]", text, re.S)]
+    inv_vars = np.stack(inv_vars)
+    return np.stack(means_invvars) / inv_vars, 1.0 / inv_vars
+
+
+def test_kaldi_reads_our_gmm_and_its_ml_update_gives_it_back(tiny_corpus, tmp_path):
+    """gmm-info reads the AmDiagGmm after the TransitionModel; Kaldi's own accumulation and update on our
+    alignments and the features as align_si.sh prepares them (CMVN per speaker, deltas) give our means,
+    and our variances wherever our relative floor (1 % of the global variance) did not raise them."""
+    model, root = tiny_corpus.model, tiny_corpus.root
+    tm = read_transition_model(model)
+    info = kaldi(f"gmm-info {model}")
+    assert f"number of pdfs {tm.num_pdfs}" in info and f"number of gaussians {tm.num_pdfs}" in info
+    dim = int(re.search(r"feature dimension (\d+)", info).group(1))
+    train, ali = root / "data" / "train", root / "exp" / "mono_ali_train"
+    feats = (f"ark,s,cs:apply-cmvn --utt2spk=ark:{train}/utt2spk scp:{train}/cmvn.scp scp:{train}/feats.scp ark:- "
+             "| add-deltas ark:- ark:- |")
+    kaldi(f"gmm-acc-stats-ali {model} '{feats}' 'ark:gunzip -c {ali}/ali.*.gz |' {tmp_path}/acc")
+    kaldi(f"gmm-est --min-gaussian-occupancy=10 {model} {tmp_path}/acc {tmp_path}/est.mdl")
+    ours_mean, ours_var = kaldi_gmm_text(model)
+    est_mean, est_var = kaldi_gmm_text(tmp_path / "est.mdl")
+    assert ours_mean.shape == (tm.num_pdfs, dim)
+    np.testing.assert_allclose(est_mean, ours_mean, rtol=1e-3, atol=1e-3)
+    unfloored = ours_var > est_var * (1 + 1e-3)  # ours raised by the relative floor: Kaldi's only floor is 1e-3
+    assert unfloored.mean() < 0.05, "most variances are not floored"
+    np.testing.assert_allclose(est_var[~unfloored], ours_var[~unfloored], rtol=1e-3, atol=1e-4)
 
 
 def test_our_transition_model_equals_show_transitions(tiny_corpus):
