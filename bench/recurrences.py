@@ -165,7 +165,7 @@ def mm_ms(batch, hidden, gates, frames, device, repeats) -> float:
 def build_flags_name() -> str:
     try:
         from models.fast import native
-        return native.build_flags()[0] if native.native_ops(torch.zeros(1)) is not None else "TorchScript only"
+        return native.loaded_build() if native.native_ops(torch.zeros(1)) is not None else "TorchScript only"
     except Exception as error:  # pragma: no cover - printed, not fatal
         return f"not built ({error})"
 

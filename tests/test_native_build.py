@@ -73,3 +73,31 @@ def test_the_build_folder_follows_the_source(tmp_path, monkeypatch):
     edited.write_bytes(Path(native.SOURCE).read_bytes() + b"\n// edited\n")
     monkeypatch.setattr(native, "SOURCE", str(edited))
     assert native.build_directory(name, flags) != first
+
+
+def test_a_failed_wider_build_falls_back_to_the_next_and_is_not_retried(tmp_path, monkeypatch):
+    """On an AVX-512 CPU the 512-bit build is tried first and the AVX2 build if it fails; a failed build
+    leaves a note in its folder, so later runs go straight to the fallback instead of compiling again."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_loaded", {})
+    candidates = [("bru_kaldi_wide", ["-O1"]), ("bru_kaldi_narrow", ["-O2"])]
+    monkeypatch.setattr(native, "build_candidates", lambda: candidates)
+    compiled = []
+
+    def fake_compile(name, sources, **kwargs):
+        compiled.append(name)
+        if name == "bru_kaldi_wide":
+            raise RuntimeError("error: unsupported instruction set")
+        Path(kwargs["build_directory"], name + ".so").write_bytes(b"")
+
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "load", fake_compile)
+    monkeypatch.setattr(native.torch.ops, "load_library", lambda path: None)
+    native.load()
+    assert compiled == ["bru_kaldi_wide", "bru_kaldi_narrow"] and native.loaded_build() == "bru_kaldi_narrow"
+    failed = Path(native.build_directory(*candidates[0]), "failed")
+    assert "unsupported instruction set" in failed.read_text()
+    monkeypatch.setattr(native, "_loaded", {})
+    native.load()  # the next process: no second attempt at the wide build, the narrow one is cached
+    assert compiled == ["bru_kaldi_wide", "bru_kaldi_narrow"] and native.loaded_build() == "bru_kaldi_narrow"

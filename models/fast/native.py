@@ -51,18 +51,34 @@ def mode() -> str:
     return value
 
 
-def build_flags() -> tuple[str, list[str]]:
-    """The build's name and compiler flags for this CPU.
+def build_candidates() -> list[tuple[str, list[str]]]:
+    """The builds to try for this CPU, widest vector ISA first: ``[(name, compiler flags), ...]``.
 
-    ATen's vector types (SLEEF exp/log1p from libtorch itself) are compiled for AVX2 where the CPU
-    has it, and the name says so: a shared home directory on a cluster with older CPUs gets a second,
-    generic build instead of an illegal instruction.
+    ATen's vector types (SLEEF exp/log1p from libtorch itself) are compiled for the ISA torch itself
+    dispatches to on this CPU (``torch.backends.cpu.get_cpu_capability()``): 512-bit vectors where it
+    has AVX-512 (with the AVX2 build as the fallback if that build fails), AVX2, or generic code. The
+    name says which, so a home directory shared by machines with other CPUs keeps one build per ISA
+    instead of loading an illegal instruction.
     """
     capability = torch.backends.cpu.get_cpu_capability()
     flags = ["-O3", "-fopenmp"]  # at::parallel_for is OpenMP in the header: without it, one thread
-    if capability in ("AVX2", "AVX512"):
-        return "bru_kaldi_avx2", flags + ["-mavx2", "-mfma", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
-    return "bru_kaldi_generic", flags + ["-DCPU_CAPABILITY_DEFAULT", "-DCPU_CAPABILITY=DEFAULT"]
+    avx2 = ("bru_kaldi_avx2", flags + ["-mavx2", "-mfma", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"])
+    if capability == "AVX512":
+        return [("bru_kaldi_avx512", flags + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
+                                              "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]), avx2]
+    if capability == "AVX2":
+        return [avx2]
+    return [("bru_kaldi_generic", flags + ["-DCPU_CAPABILITY_DEFAULT", "-DCPU_CAPABILITY=DEFAULT"])]
+
+
+def build_flags() -> tuple[str, list[str]]:
+    """The first build to try on this CPU (see :func:`build_candidates`)."""
+    return build_candidates()[0]
+
+
+def loaded_build() -> Optional[str]:
+    """The name of the build that was loaded (``bru_kaldi_avx512``, ...), None before one was."""
+    return _loaded.get("name")
 
 
 def build_directory(name: str, flags: list[str]) -> str:
@@ -131,27 +147,48 @@ def load(verbose: bool = False):
     full). A build killed before its marker is redone.
     """
     if "ops" not in _loaded:
-        name, flags = build_flags()
-        directory = build_directory(name, flags)
-        marker = os.path.join(directory, "built")
-        start = time.perf_counter()
-        if not os.path.isfile(marker):
-            with build_lock(directory):
-                if not os.path.isfile(marker):  # else another process finished it while we waited
-                    from torch.utils import cpp_extension
+        candidates = build_candidates()
+        for i, (name, flags) in enumerate(candidates):
+            try:
+                _load_build(name, flags, verbose)
+                break
+            except Exception as error:
+                if i + 1 == len(candidates):
+                    raise
+                logging.getLogger(__name__).warning("the %s build of the C++ kernels failed (%s); trying %s",
+                                                    name, error, candidates[i + 1][0])
+    return _loaded["ops"]
 
+
+def _load_build(name: str, flags: list[str], verbose: bool) -> None:
+    directory = build_directory(name, flags)
+    marker, failed = os.path.join(directory, "built"), os.path.join(directory, "failed")
+    if os.path.isfile(failed):  # this build failed here before: do not spend the compiler's time again
+        with open(failed) as f:
+            raise RuntimeError(f"an earlier build in {directory} failed: {f.read().strip()[-500:]}")
+    start = time.perf_counter()
+    if not os.path.isfile(marker):
+        with build_lock(directory):
+            if not os.path.isfile(marker):  # else another process finished it while we waited
+                from torch.utils import cpp_extension
+
+                try:
                     cpp_extension.load(name, [SOURCE], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                                        is_python_module=False, build_directory=directory, verbose=verbose)
-                    library = max(glob.glob(os.path.join(directory, "*.so")), key=os.path.getmtime)
-                    with open(marker + ".tmp", "w") as f:
-                        f.write(os.path.basename(library))
-                    os.replace(marker + ".tmp", marker)
-        with open(marker) as f:
-            torch.ops.load_library(os.path.join(directory, f.read().strip()))
-        _loaded["ops"] = torch.ops.bru_kaldi
-        logging.getLogger(__name__).info("C++ kernels %s ready in %.1f s (built on first use into %s, then cached)",
-                                         name, time.perf_counter() - start, directory)
-    return _loaded["ops"]
+                except Exception as error:
+                    if len(build_candidates()) > 1 and name == build_candidates()[0][0]:
+                        with open(failed, "w") as f:  # only a build with a fallback is remembered as failed
+                            f.write(str(error))
+                    raise
+                library = max(glob.glob(os.path.join(directory, "*.so")), key=os.path.getmtime)
+                with open(marker + ".tmp", "w") as f:
+                    f.write(os.path.basename(library))
+                os.replace(marker + ".tmp", marker)
+    with open(marker) as f:
+        torch.ops.load_library(os.path.join(directory, f.read().strip()))
+    _loaded["ops"], _loaded["name"] = torch.ops.bru_kaldi, name
+    logging.getLogger(__name__).info("C++ kernels %s ready in %.1f s (built on first use into %s, then cached)",
+                                     name, time.perf_counter() - start, directory)
 
 
 def native_ops(example: torch.Tensor) -> Optional[object]:
@@ -180,4 +217,5 @@ def native_ops(example: torch.Tensor) -> Optional[object]:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     load(verbose=True)
-    print(f"{build_flags()[0]} ({' '.join(build_flags()[1])}) in {build_directory(*build_flags())}: torch.ops.bru_kaldi")
+    name, flags = next(c for c in build_candidates() if c[0] == loaded_build())
+    print(f"{name} ({' '.join(flags)}) in {build_directory(name, flags)}: torch.ops.bru_kaldi")
