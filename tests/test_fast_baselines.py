@@ -11,7 +11,7 @@ import models
 from models.fast import native
 from models.fast.gated import GatedRecurrence
 from models.recurrent import set_implementation
-from tests.unit_variants import randomise_
+from tests.unit_variants import copy_torch_rnn_weights_, randomise_
 
 BASELINES = [("gru", {}), ("lstm", {}), ("mgu", {}), ("rnn", {}), ("rnn", {"activation": "relu"})]
 IDS = ["gru", "lstm", "mgu", "rnn", "rnn-relu"]
@@ -64,13 +64,8 @@ def test_gradients_agree_with_torch(kind, backend):
     torch.manual_seed(0)
     reference = {"gru": torch.nn.GRU, "lstm": torch.nn.LSTM}[kind](3, 5, batch_first=True, bidirectional=True).double()
     ours = models.build(kind, 3, 5, bidirectional=True).double()
+    copy_torch_rnn_weights_(ours, reference)
     directions = ["", "_reverse"]
-    with torch.no_grad():
-        ours.proj.weight.copy_(torch.cat([getattr(reference, f"weight_ih_l0{d}") for d in directions]))
-        ours.proj.bias.copy_(torch.cat([getattr(reference, f"bias_ih_l0{d}") for d in directions]))
-        for cell, d in zip(ours.cells, directions):
-            cell.recurrent.weight.copy_(getattr(reference, f"weight_hh_l0{d}"))
-            cell.recurrent.bias.copy_(getattr(reference, f"bias_hh_l0{d}"))
     x, lengths = torch.randn(3, 7, 3, dtype=torch.float64), torch.tensor([7, 4, 2])
     upstream = torch.randn(3, 7, 10, dtype=torch.float64) * (torch.arange(7) < lengths[:, None])[..., None]
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()

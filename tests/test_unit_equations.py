@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import models
-from tests.unit_variants import make_layer
+from tests.unit_variants import copy_torch_rnn_weights_, make_layer
 
 
 def sig(a):
@@ -196,13 +196,7 @@ def test_gru_and_lstm_agree_with_torch(kind, bidirectional):
     torch.manual_seed(0)
     reference = {"gru": torch.nn.GRU, "lstm": torch.nn.LSTM}[kind](3, 4, batch_first=True, bidirectional=bidirectional)
     ours = models.build(kind, 3, 4, bidirectional=bidirectional)
-    directions = ["", "_reverse"] if bidirectional else [""]
-    with torch.no_grad():
-        ours.proj.weight.copy_(torch.cat([getattr(reference, f"weight_ih_l0{d}") for d in directions]))
-        ours.proj.bias.copy_(torch.cat([getattr(reference, f"bias_ih_l0{d}") for d in directions]))
-        for cell, d in zip(ours.cells, directions):
-            cell.recurrent.weight.copy_(getattr(reference, f"weight_hh_l0{d}"))
-            cell.recurrent.bias.copy_(getattr(reference, f"bias_hh_l0{d}"))
+    copy_torch_rnn_weights_(ours, reference)
     x, lengths = torch.randn(3, 6, 3), torch.tensor([6, 4, 2])
     packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
     expected, _ = torch.nn.utils.rnn.pad_packed_sequence(reference(packed)[0], batch_first=True, total_length=6)

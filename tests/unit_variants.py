@@ -39,3 +39,15 @@ def make_layer(unit, options, input_size=3, hidden_size=4, bidirectional=False, 
     torch.manual_seed(seed)
     layer = models.build(unit, input_size, hidden_size, bidirectional=bidirectional, **options)
     return randomise_(layer.to(dtype), seed=seed).eval()
+
+
+def copy_torch_rnn_weights_(ours, reference):
+    """Give our ``gru``/``lstm`` layer the weights of a one-layer ``torch.nn.GRU``/``nn.LSTM`` (the same
+    gate order and biases), direction by direction."""
+    directions = ["", "_reverse"][:len(ours.cells)]
+    with torch.no_grad():
+        ours.proj.weight.copy_(torch.cat([getattr(reference, f"weight_ih_l0{d}") for d in directions]))
+        ours.proj.bias.copy_(torch.cat([getattr(reference, f"bias_ih_l0{d}") for d in directions]))
+        for cell, d in zip(ours.cells, directions):
+            cell.recurrent.weight.copy_(getattr(reference, f"weight_hh_l0{d}"))
+            cell.recurrent.bias.copy_(getattr(reference, f"bias_hh_l0{d}"))
