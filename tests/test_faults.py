@@ -78,26 +78,28 @@ def test_sigterm_stops_cleanly_and_the_run_resumes_to_the_same_weights(tiny_corp
 
 def test_disk_full_keeps_the_previous_files_names_the_file_and_resumes(tiny_corpus, tmp_path):
     exp_dir = tmp_path / "exp"
-    # room for the initial checkpoint (~60 kB), not for one with the optimiser's state (~115 kB)
-    full = start(tiny_corpus, exp_dir, NO_DECODE, limit_bytes=80_000)
+    # Layers of 64 units: the initial checkpoint (~200 kB) and the copy of final.mdl (~130 kB) fit under
+    # a 300 kB limit, a checkpoint with the optimiser's state (~600 kB) does not.
+    wider = "--architecture1,sizes=64,64"
+    full = start(tiny_corpus, exp_dir, NO_DECODE, wider, limit_bytes=300_000)
     _, stderr = full.communicate(timeout=120)
     assert full.returncode == 1, stderr
     assert "cannot write" in stderr and "checkpoint.pt" in stderr and "no room left" in stderr, stderr
     assert torch.load(exp_dir / "checkpoint.pt", weights_only=True)["progress"]["chunk"] == 0  # the previous one, whole
     assert not list(exp_dir.glob(".*.tmp.*")), "a temporary file was left behind"
     # room for training, not for the log-likelihood archives (~1.1 MB): the trained files stay as they were
-    full = start(tiny_corpus, exp_dir, NO_DECODE, limit_bytes=400_000)
+    full = start(tiny_corpus, exp_dir, NO_DECODE, wider, limit_bytes=800_000)
     _, stderr = full.communicate(timeout=300)
     assert full.returncode == 1 and "loglikes.ark" in stderr and "no room left" in stderr, stderr
     kept = {name: (exp_dir / name).read_bytes() for name in ("checkpoint.pt", "final.pt")}
     assert not list((exp_dir / "forward_dev").glob("*")), "a truncated archive was left behind"
     # space freed: the same command finishes from where it stopped, with the weights of a run never stopped
-    resumed = run(tiny_corpus, exp_dir, NO_DECODE)
+    resumed = run(tiny_corpus, exp_dir, NO_DECODE, wider)
     assert "has already finished" not in resumed.stdout
     assert {name: (exp_dir / name).read_bytes() for name in kept} == kept
     assert (exp_dir / "forward_test" / "loglikes.scp").is_file()
     reference = tmp_path / "never_stopped"
-    run(tiny_corpus, reference, *TRAIN_ONLY)
+    run(tiny_corpus, reference, *TRAIN_ONLY, wider)
     expected, got = weights(reference), weights(exp_dir)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
 
