@@ -1,0 +1,56 @@
+"""recipes/mini_timit/run_kaldi.sh with real Kaldi on the tests' tiny corpus: Kaldi's own GMM systems up to
+tri3 SAT, fMLLR alignments and features; then cfg/TIMIT_liBRU.cfg (sizes and epochs overridden) trains on
+those outputs and decodes with both decoders, which agree. Skipped, saying so, without KALDI_ROOT."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KALDI_ROOT = os.environ.get("KALDI_ROOT", "")
+pytestmark = pytest.mark.skipif(not KALDI_ROOT or not Path(KALDI_ROOT, "src", "gmmbin").is_dir(),
+                                reason="KALDI_ROOT is not set to a Kaldi build: the tests against real Kaldi are skipped "
+                                       "(README, 'Testing against Kaldi')")
+SMALL = ("--exp,n_epochs_tr=2", "--architecture1,sizes=32,32", "--decoding,num_jobs=2", "--dataset1,n_chunks=1")
+
+
+def dev_errors(log: str, setting: str) -> tuple[int, int]:
+    """(errors, words) of the dev pass at ``setting`` in a run's log."""
+    match = re.search(rf"dev {setting}: %WER \S+ \[ (\d+) / (\d+),", log)
+    assert match, f"no dev pass '{setting}' in the log"
+    return int(match.group(1)), int(match.group(2))
+
+
+def test_run_kaldi_then_timit_libru_with_both_decoders(tiny_corpus, tmp_path):
+    kaldi_dir = tmp_path / "kaldi"
+    recipe = subprocess.run(["bash", str(ROOT / "recipes" / "mini_timit" / "run_kaldi.sh"), "--nj", "2", "--leaves", "100",
+                             "--gauss", "600", str(tiny_corpus.root), str(kaldi_dir)],
+                            capture_output=True, text=True, env=dict(os.environ, PYTHON=sys.executable))
+    assert recipe.returncode == 0, recipe.stdout[-4000:] + recipe.stderr[-4000:]
+    per = (kaldi_dir / "exp" / "tri3" / "PER").read_text()
+    assert re.search(r"dev %WER [\d.]+ .* test %WER [\d.]+", per), per
+    for split in ("train", "dev", "test"):
+        assert (kaldi_dir / "data-fmllr-tri3" / split / "feats.scp").is_file()
+        assert list((kaldi_dir / "exp" / ("tri3_ali" + ("" if split == "train" else f"_{split}"))).glob("ali.*.gz"))
+    # again: every stage finished, nothing is redone
+    again = subprocess.run(["bash", str(ROOT / "recipes" / "mini_timit" / "run_kaldi.sh"), str(tiny_corpus.root),
+                            str(kaldi_dir)], capture_output=True, text=True)
+    assert again.returncode == 0 and again.stdout.count("finished before, skipped") == 7, again.stdout
+
+    env = dict(os.environ, TIMIT_FMLLR=str(kaldi_dir / "data-fmllr-tri3"), TIMIT_EXP=str(kaldi_dir / "exp"),
+               PATH=os.pathsep.join([*(str(Path(KALDI_ROOT, "src", d)) for d in ("bin", "latbin", "fstbin")),
+                                     os.environ["PATH"]]))
+    exp = tmp_path / "TIMIT_liBRU"
+    logs = {}
+    for decoder, extra in (("kaldi", ()), ("python", ("--decoding,acwt_sweep=0.1,0.2,0.5", "--decoding,wip_sweep=0.0"))):
+        run = subprocess.run([sys.executable, "run_exp.py", "cfg/TIMIT_liBRU.cfg", f"--exp,out_folder={exp}", *SMALL,
+                              f"--decoding,decoder={decoder}", *extra], cwd=ROOT, capture_output=True, text=True, env=env)
+        assert run.returncode == 0, run.stderr[-4000:]
+        logs[decoder] = (exp / "log.txt").read_text()
+        assert re.search(r"^test: %WER [\d.]+ \[", (exp / "res.res").read_text(), re.M)
+    # the lattices are made at acwt 0.2 (LM weight 5): their best path is the Python decoder's at 0.2
+    assert dev_errors(logs["kaldi"], r"lmwt=5 wip=0\.0") == dev_errors(logs["python"], r"acwt=0\.2 wip=0(?:\.0)?")
