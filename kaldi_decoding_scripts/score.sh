@@ -80,4 +80,4 @@ for lmwt in $(seq "$min_lmwt" "$max_lmwt"); do
     } 2> "$log" || { echo "$0: Error: scoring LMWT=$lmwt WIP=$penalty failed, log is in $log" >&2; exit 1; }
   done
 done
-grep -H '%WER' "$dir"/wer_* | sort -t' ' -k2,2n | head -n 1
+grep -H '%WER' "$dir"/wer_* | sort -t' ' -k2,2n | awk 'NR == 1'  # awk reads all: head would end the pipe early (SIGPIPE under pipefail)
