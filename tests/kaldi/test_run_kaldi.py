@@ -54,3 +54,25 @@ def test_run_kaldi_then_timit_libru_with_both_decoders(tiny_corpus, tmp_path):
         assert re.search(r"^test: %WER [\d.]+ \[", (exp / "res.res").read_text(), re.M)
     # the lattices are made at acwt 0.2 (LM weight 5): their best path is the Python decoder's at 0.2
     assert dev_errors(logs["kaldi"], r"lmwt=5 wip=0\.0") == dev_errors(logs["python"], r"acwt=0\.2")
+
+
+def test_wsj_libru_on_the_word_task_decodes_the_same_words_with_both_decoders(tiny_words, tmp_path):
+    """cfg/WSJ_liBRU.cfg on the word task (the Kaldi names linked to it, sizes and epochs overridden), decoded
+    by the Kaldi scripts and by the Python decoder: the same dev WER at the lattices' own scale (0.1, LM
+    weight 10), and both write a test %WER line."""
+    from recipes.mini_timit.local.kaldi_view import make_view
+
+    env = dict(os.environ, PATH=os.pathsep.join([*(str(Path(KALDI_ROOT, "src", d)) for d in ("bin", "latbin", "fstbin")),
+                                                 os.environ["PATH"]]))
+    env.update({variable: str(folder) for variable, folder in make_view(tmp_path / "view", tiny_words.root, "words").items()})
+    exp = tmp_path / "exp"
+    common = (f"--exp,out_folder={exp}", "--exp,n_epochs_tr=1", "--architecture1,sizes=24", "--batches,batch_size_train=4",
+              "--dataset1,n_chunks=2", "--decoding,num_jobs=2", "--decoding,acwt=0.1", "--decoding,max_active=2000")
+    logs = {}
+    for decoder, extra in (("kaldi", ()), ("python", ("--decoding,acwt_sweep=0.1", "--decoding,wip_sweep=0.0"))):
+        run = subprocess.run([sys.executable, "run_exp.py", "cfg/WSJ_liBRU.cfg", *common, f"--decoding,decoder={decoder}",
+                              *extra], cwd=ROOT, capture_output=True, text=True, env=env)
+        assert run.returncode == 0, run.stderr[-4000:]
+        logs[decoder] = (exp / "log.txt").read_text()
+        assert re.search(rf"^test: %WER [\d.]+ \[.* decoder={decoder}", (exp / "res.res").read_text(), re.M)
+    assert dev_errors(logs["kaldi"], r"lmwt=10 wip=0\.0") == dev_errors(logs["python"], r"acwt=0\.1")
