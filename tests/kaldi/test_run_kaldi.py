@@ -36,6 +36,20 @@ def test_run_kaldi_then_timit_libru_with_both_decoders(tiny_corpus, tmp_path):
     for split in ("train", "dev", "test"):
         assert (kaldi_dir / "data-fmllr-tri3" / split / "feats.scp").is_file()
         assert list((kaldi_dir / "exp" / ("tri3_ali" + ("" if split == "train" else f"_{split}"))).glob("ali.*.gz"))
+    # our TransitionModel reader on a model Kaldi trained (tri3: a tree of context-dependent pdfs) equals
+    # ali-to-pdf and ali-to-phones on every transition-id of its alignments
+    from bru_kaldi.kaldi.alignments import read_alignments
+    from bru_kaldi.kaldi.transition_model import read_transition_model
+
+    tri3, ali = kaldi_dir / "exp" / "tri3" / "final.mdl", kaldi_dir / "exp" / "tri3_ali"
+    tm = read_transition_model(tri3)
+    env_kaldi = dict(os.environ, PATH=os.pathsep.join([str(Path(KALDI_ROOT, "src", "bin")), os.environ["PATH"]]))
+    for tool, table in (("ali-to-pdf", tm.tid2pdf), ("ali-to-phones --per-frame=true", tm.tid2phone)):
+        out = subprocess.run(["bash", "-c", f"{tool} {tri3} 'ark:gunzip -c {ali}/ali.*.gz |' ark,t:-"],
+                             capture_output=True, text=True, env=env_kaldi, check=True).stdout
+        theirs = {line.split()[0]: [int(v) for v in line.split()[1:]] for line in out.splitlines()}
+        ours = dict(read_alignments(str(ali)))
+        assert theirs.keys() == ours.keys() and all(table[ours[u]].tolist() == theirs[u] for u in ours), tool
     # again: every stage finished, nothing is redone
     again = subprocess.run(["bash", str(ROOT / "recipes" / "mini_timit" / "run_kaldi.sh"), str(tiny_corpus.root),
                             str(kaldi_dir)], capture_output=True, text=True)
