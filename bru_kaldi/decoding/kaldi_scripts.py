@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 
 from bru_kaldi import scoring
 from bru_kaldi.config import DECODERS
+from bru_kaldi.decoding.ctm import read_word_boundary
 from bru_kaldi.atomic import write_text_atomically
 from bru_kaldi.decoding.sets import (DecodeInputError, GraphMismatchError, KaldiDecodeError, KaldiNotFoundError, Pass,
                                      Prepared, SetResult, choose, finish, pass_line)
@@ -103,9 +104,11 @@ def _kaldi_best_path(p: Prepared, lmwt: int, wip: str) -> Pass:
     lattices = " ".join(shlex.quote(str(f)) for f in sorted(p.job.out_dir.glob("lat.*.gz")))
     words = shlex.quote(str(p.job.graph_dir / "words.txt"))
     rspecifier = shlex.quote(f"ark:gunzip -c {lattices} |")
+    ali_file = p.job.out_dir / "log" / "best_path.ali"  # transition-ids of each best path (for the CTM)
+    ali_file.parent.mkdir(parents=True, exist_ok=True)
     command = (f"set -o pipefail; lattice-scale --inv-acoustic-scale={lmwt} {rspecifier} ark:- | "
                f"lattice-add-penalty --word-ins-penalty={wip} ark:- ark:- | "
-               f"lattice-best-path --word-symbol-table={words} ark:- ark,t:-")
+               f"lattice-best-path --word-symbol-table={words} ark:- ark,t:- ark,t:{shlex.quote(str(ali_file))}")
     result = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
     log_path = p.job.out_dir / "log" / "best_path.log"
     write_text_atomically(log_path, f"# {command}\n{result.stderr}")
@@ -119,7 +122,11 @@ def _kaldi_best_path(p: Prepared, lmwt: int, wip: str) -> Pass:
             raise GraphMismatchError(f"{p.job.graph_dir / 'words.txt'} has no word {unknown[0]} (utterance {utt})")
         hyps[utt] = [p.words[int(i)] for i in ids]
     failed = {u: "no lattice, see log/decode.*.log" for u in sorted(p.frames) if u not in hyps}
-    return Pass(f"lmwt={lmwt} wip={wip}", hyps, failed, [], None)
+    alignments = {}
+    for line in ali_file.read_text().splitlines() if ali_file.is_file() else []:
+        utt, *tids = line.split()
+        alignments[utt] = [int(t) for t in tids]
+    return Pass(f"lmwt={lmwt} wip={wip}", hyps, failed, [], None, alignments=alignments)
 
 
 def decode_kaldi(prepared: Sequence[Prepared], decoding, tune_on: Optional[str],
@@ -149,5 +156,7 @@ def decode_kaldi(prepared: Sequence[Prepared], decoding, tune_on: Optional[str],
         else:
             passes = [_kaldi_best_path(p, lmwt, wip)]
             chosen = passes[0]
+        if not chosen.alignments and read_word_boundary(p.job.graph_dir) is not None:  # the CTM needs them
+            chosen.alignments = _kaldi_best_path(p, *(chosen.value or (lmwt, wip))).alignments
         results[p.job.name] = finish(p, chosen, passes, seconds, 1, "kaldi", note, lines, log)
     return results

@@ -89,4 +89,8 @@ def test_wsj_libru_on_the_word_task_decodes_the_same_words_with_both_decoders(ti
         assert run.returncode == 0, run.stderr[-4000:]
         logs[decoder] = (exp / "log.txt").read_text()
         assert re.search(rf"^test: %WER [\d.]+ \[.* decoder={decoder}", (exp / "res.res").read_text(), re.M)
+        # word timings from the chosen best paths (lattice-best-path's alignments on the Kaldi path)
+        ctm = (exp / "decode_test" / "ctm").read_text().splitlines()
+        words = sum(len(line.split()) - 1 for line in (exp / "decode_test" / "text").read_text().splitlines())
+        assert len(ctm) >= words and all(len(line.split()) == 5 for line in ctm), (words, ctm[:3])  # text: filtered
     assert dev_errors(logs["kaldi"], r"lmwt=10 wip=0\.0") == dev_errors(logs["python"], r"acwt=0\.1")
