@@ -111,21 +111,26 @@ def test_kaldi_reads_our_gmm_and_its_ml_update_gives_it_back(tiny_corpus, tmp_pa
     np.testing.assert_allclose(est_var[~unfloored], ours_var[~unfloored], rtol=1e-3, atol=1e-4)
 
 
-def test_our_transition_model_equals_show_transitions(tiny_corpus):
-    tm = read_transition_model(tiny_corpus.model)
-    shown = kaldi(f"show-transitions {tiny_corpus.graph / 'phones.txt'} {tiny_corpus.model}")
+def check_against_show_transitions(model: Path, phones: Path) -> None:
+    """Our TransitionModel reader gives every transition-id of ``model`` the pdf ``show-transitions`` shows."""
+    tm = read_transition_model(model)
+    shown = kaldi(f"show-transitions {phones} {model}")
     # "Transition-state N: phone = sil hmm-state = 0 pdf = 0" then " Transition-id = 1 p = 0.5 [self-loop]"
     checked = 0
-    pdf = phone = None
+    pdf = None
     for line in shown.splitlines():
         if m := re.match(r"Transition-state \d+: phone = (\S+) hmm-state = \d+ (?:forward-)?pdf = (\d+)", line):
-            phone, pdf = m.group(1), int(m.group(2))
+            pdf = int(m.group(2))
         elif (m := re.match(r"\s*Transition-id = (\d+)", line)) and pdf is not None:
             tid = int(m.group(1))
             if "[self-loop]" not in line or "self-loop-pdf" not in shown:
                 assert tm.tid2pdf[tid] == pdf, (tid, line)
             checked += 1
     assert checked == tm.num_transition_ids
+
+
+def test_our_transition_model_equals_show_transitions(tiny_corpus):
+    check_against_show_transitions(tiny_corpus.model, tiny_corpus.graph / "phones.txt")
 
 
 def test_kaldi_reads_our_features_and_loglikelihoods(tiny_corpus, tmp_path):

@@ -50,6 +50,9 @@ def test_run_kaldi_then_timit_libru_with_both_decoders(tiny_corpus, tmp_path):
         theirs = {line.split()[0]: [int(v) for v in line.split()[1:]] for line in out.splitlines()}
         ours = dict(read_alignments(str(ali)))
         assert theirs.keys() == ours.keys() and all(table[ours[u]].tolist() == theirs[u] for u in ours), tool
+    from tests.kaldi.test_kaldi_conformance import check_against_show_transitions
+
+    check_against_show_transitions(tri3, kaldi_dir / "exp" / "tri3" / "graph" / "phones.txt")
     # again: every stage finished, nothing is redone
     again = subprocess.run(["bash", str(ROOT / "recipes" / "mini_timit" / "run_kaldi.sh"), str(tiny_corpus.root),
                             str(kaldi_dir)], capture_output=True, text=True)
