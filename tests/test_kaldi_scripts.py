@@ -32,6 +32,26 @@ def stand_in(bin_dir: Path, name: str, body: str):
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
+def scoring_inputs(tmp_path: Path, best_paths: str, words: int, text: str) -> tuple[Path, Path, Path]:
+    """Stand-in Kaldi binaries for score.sh (``lattice-best-path`` prints ``best_paths``, compute-wer a
+    line over ``words`` words), a data dir with ``text``, a decode dir with one lattice: ``(bin, data, decode)``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "lattice-scale", "cat > /dev/null; echo lattice\n")
+    stand_in(bin_dir, "lattice-add-penalty", "cat\n")
+    stand_in(bin_dir, "lattice-best-path", f"cat > /dev/null; printf '{best_paths}'\n")
+    stand_in(bin_dir, "compute-wer", f'echo "%WER 0.00 [ 0 / {words}, 0 ins, 0 del, 0 sub ]"\n')
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "text").write_text(text)
+    decode_dir = tmp_path / "decode"
+    decode_dir.mkdir()
+    (decode_dir / "num_jobs").write_text("1\n")
+    with gzip.open(decode_dir / "lat.1.gz", "wt") as f:
+        f.write("lattice")
+    return bin_dir, data, decode_dir
+
+
 @pytest.fixture
 def graph(tmp_path):
     g = tmp_path / "graph"
@@ -121,21 +141,8 @@ def test_decode_names_a_missing_input(graph, tmp_path):
 
 def test_score_maps_word_ids_and_applies_the_corpus_filter(graph, tmp_path):
     g, _, _ = graph
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    stand_in(bin_dir, "lattice-scale", "cat > /dev/null; echo lattice\n")
-    stand_in(bin_dir, "lattice-add-penalty", "cat\n")
     # best path "u1: ao ix sil" and "u2: zh" as word ids
-    stand_in(bin_dir, "lattice-best-path", "cat > /dev/null; printf 'u1 2 3 1\\nu2 4\\n'\n")
-    stand_in(bin_dir, "compute-wer", 'echo "%WER 0.00 [ 0 / 4, 0 ins, 0 del, 0 sub ]"\n')
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "text").write_text("u1 aa ih sil\nu2 sh\n")
-    decode_dir = tmp_path / "decode"
-    decode_dir.mkdir()
-    (decode_dir / "num_jobs").write_text("1\n")
-    with gzip.open(decode_dir / "lat.1.gz", "wt") as f:
-        f.write("lattice")
+    bin_dir, data, decode_dir = scoring_inputs(tmp_path, "u1 2 3 1\\nu2 4\\n", 4, "u1 aa ih sil\nu2 sh\n")
     result = run(SCORE, "--scoring", "timit", "--min-lmwt", "2", "--max-lmwt", "3", "--wip", "0.0 0.5", data, g, decode_dir, path_dirs=[bin_dir])
     assert result.returncode == 0, result.stderr
     assert (decode_dir / "scoring" / "2_0.5.txt").read_text() == "u1 aa ih sil\nu2 sh\n"  # ids mapped, 48 -> 39 folded
@@ -148,22 +155,9 @@ def test_score_runs_the_interpreter_it_is_given_not_a_bare_python(graph, tmp_pat
     import sys
 
     g, _, _ = graph
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    stand_in(bin_dir, "lattice-scale", "cat > /dev/null; echo lattice\n")
-    stand_in(bin_dir, "lattice-add-penalty", "cat\n")
-    stand_in(bin_dir, "lattice-best-path", "cat > /dev/null; printf 'u1 2 3 1\\n'\n")
-    stand_in(bin_dir, "compute-wer", 'echo "%WER 0.00 [ 0 / 3, 0 ins, 0 del, 0 sub ]"\n')
+    bin_dir, data, decode_dir = scoring_inputs(tmp_path, "u1 2 3 1\\n", 3, "u1 ao ix sil\n")
     for broken in ("python", "python3"):  # what a bare name would find first: an interpreter that fails
         stand_in(bin_dir, broken, 'echo "ModuleNotFoundError: No module named kaldialign" >&2; exit 1\n')
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "text").write_text("u1 ao ix sil\n")
-    decode_dir = tmp_path / "decode"
-    decode_dir.mkdir()
-    (decode_dir / "num_jobs").write_text("1\n")
-    with gzip.open(decode_dir / "lat.1.gz", "wt") as f:
-        f.write("lattice")
     arguments = ("--scoring", "timit", "--min-lmwt", "2", "--max-lmwt", "2", "--wip", "0.0", data, g, decode_dir)
     env = dict(os.environ, PATH=os.pathsep.join([str(bin_dir), os.environ["PATH"]]))
     env.pop("PYTHON", None)

@@ -150,7 +150,7 @@ def load(verbose: bool = False):
         candidates = build_candidates()
         for i, (name, flags) in enumerate(candidates):
             try:
-                _load_build(name, flags, verbose)
+                _load_build(name, flags, verbose, has_fallback=i + 1 < len(candidates))
                 break
             except Exception as error:
                 if i + 1 == len(candidates):
@@ -160,7 +160,7 @@ def load(verbose: bool = False):
     return _loaded["ops"]
 
 
-def _load_build(name: str, flags: list[str], verbose: bool) -> None:
+def _load_build(name: str, flags: list[str], verbose: bool, has_fallback: bool) -> None:
     directory = build_directory(name, flags)
     marker, failed = os.path.join(directory, "built"), os.path.join(directory, "failed")
     if os.path.isfile(failed):  # this build failed here before: do not spend the compiler's time again
@@ -176,8 +176,8 @@ def _load_build(name: str, flags: list[str], verbose: bool) -> None:
                     cpp_extension.load(name, [SOURCE], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                                        is_python_module=False, build_directory=directory, verbose=verbose)
                 except Exception as error:
-                    if len(build_candidates()) > 1 and name == build_candidates()[0][0]:
-                        with open(failed, "w") as f:  # only a build with a fallback is remembered as failed
+                    if has_fallback:  # only a build with a fallback is remembered as failed
+                        with open(failed, "w") as f:
                             f.write(str(error))
                     raise
                 library = max(glob.glob(os.path.join(directory, "*.so")), key=os.path.getmtime)
