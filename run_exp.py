@@ -47,8 +47,8 @@ from bru_kaldi.config import Config, ConfigError, parse_config, parse_overrides,
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters, trained_architectures
-from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, gradient_norm, pick_device, epoch_rate, load_checkpoint, make_optimizer,
-                                plot_learning_curve, save_checkpoint, save_tensors, seed_everything, warmup)
+from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, gradient_norm, pick_device, epoch_rate, epochs_since_best, load_checkpoint, make_optimizer,
+                                plot_learning_curve, save_checkpoint, save_tensors, seed_everything, stopped_early, warmup)
 from data_io import (Corpus, GlobalNorm, KaldiIOError, LoglikeWriter, dataset_for, fingerprint, loader_options,
                      log_priors, read_counts, write_counts)
 from models.acoustic import AcousticModel
@@ -182,6 +182,9 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
         progress.history.append({"epoch": epoch + 1, "train_loss": loss_sum / frames, "train_err": errors / frames,
                                  "dev_loss": dev_loss, "dev_err": dev_err, "lr": lrs, "seconds": seconds})
         progress.epoch, progress.chunk, progress.chunk_stats = epoch + 1, 0, []
+        if config.exp.patience and dist.main and epochs_since_best([h["dev_err"] for h in progress.history]) == 0:
+            # before the checkpoint: a checkpoint that counts this epoch always has its best weights beside it
+            save_tensors({"model": model.state_dict(), "epoch": epoch + 1}, exp.best)
         checkpoint()
         log.info("%s (%.0f frames/s)", epoch_line(progress.history[-1]), frames / max(seconds, 1e-9))
         if dist.main:
@@ -190,7 +193,8 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
 
     if not exp.checkpoint.is_file():
         checkpoint()  # the initial weights: what a blow-up in the first chunk rolls back to
-    while progress.epoch < config.exp.n_epochs_tr:
+    while progress.epoch < config.exp.n_epochs_tr and not stopped_early([h["dev_err"] for h in progress.history],
+                                                                        config.exp.patience):
         try:
             train_epoch(progress.epoch)
         except Diverged as blowup:
@@ -208,12 +212,30 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
                         blowup, exp.checkpoint, progress.epoch + 1, progress.chunk + 1, progress.lr_scale)
             checkpoint()
 
+    if config.exp.patience and progress.history:
+        keep_best_weights(model, exp, progress.history, config.exp.patience)
     if dist.main:
         final = {"model": model.state_dict(), "input_dim": train_set.feature_dim, "num_pdfs": train_set.label_dims[senone],
                  "num_mono": num_mono or 0}
         save_tensors(final, exp.final)
         exp.mark("train")
     dist.barrier()
+
+
+def keep_best_weights(model: torch.nn.Module, exp: Experiment, history: list[dict], patience: int) -> None:
+    """Load the weights of the epoch with the lowest dev error (``best.pt``) into ``model``: with
+    ``[exp] patience`` they, not the last epoch's, become ``final.pt``."""
+    errors = [h["dev_err"] for h in history]
+    best_epoch = len(errors) - epochs_since_best(errors)
+    stop = "stopped early" if stopped_early(errors, patience) else "reached n_epochs_tr"
+    saved = torch.load(exp.best, map_location="cpu", weights_only=True) if exp.best.is_file() else None
+    if saved is None or saved["epoch"] != best_epoch:
+        # a run begun without patience and resumed with it: the best epoch's weights were never kept
+        log.warning("%s has no weights of epoch %d (the best on dev); final.pt holds the last epoch's", exp.best, best_epoch)
+        return
+    model.load_state_dict(saved["model"])
+    log.info("training %s after %d epochs; final.pt holds epoch %d's weights (dev frame error %.4f, the lowest)",
+             stop, len(errors), best_epoch, errors[best_epoch - 1])
 
 
 @torch.no_grad()

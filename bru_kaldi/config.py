@@ -87,7 +87,10 @@ def choice(*values, default=None, help=""):
 class Exp:
     out_folder: str = ""  # experiment folder: checkpoints, res.res, posteriors, decodes
     seed: int = 1234
-    n_epochs_tr: int = 24
+    n_epochs_tr: int = 24  # with patience, the most epochs a run may take (its budget)
+    # stop once this many epochs in a row have not lowered the best dev frame error, and keep the weights of
+    # the best epoch as final.pt (Kaldi's nnet1 keeps its best model too); 0: train all n_epochs_tr epochs
+    patience: int = 0
     device: str = choice(*DEVICES, default="auto")  # auto: CUDA when available
     mixed_precision: bool = False  # bf16/fp16 autocast, CUDA only
     builtin_corpus: str = choice("none", *BUILTIN_SIZES, default="none")  # build the built-in corpus if missing
@@ -492,6 +495,8 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
         add(f"{src} [exp] out_folder: required (the experiment folder)")
     if config.exp.n_epochs_tr < 1:
         add(f"{src} [exp] n_epochs_tr: expected at least 1 epoch, got {config.exp.n_epochs_tr}")
+    if config.exp.patience < 0:
+        add(f"{src} [exp] patience: expected epochs >= 0 (0: no early stop), got {config.exp.patience}")
     names = [d.data_name for d in config.datasets]
     if not config.datasets:
         add(f"{src}: at least one [datasetN] section is required")

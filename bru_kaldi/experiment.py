@@ -7,6 +7,7 @@
   res.res               one line per epoch, then one per decoded set   learning_curve.png
   checkpoint.pt         the latest complete chunk (model, optimisers, progress)
   final.pt              the trained weights    feature_norm.npz, pdf_counts, final.mdl: what forward needs
+  best.pt               with [exp] patience, the weights of the lowest dev error so far: final.pt at the end
   forward_<set>/        loglikes.ark, loglikes.scp     decode_<set>/   hypotheses, per-utterance counts
   .done/<stage>         a stage's marker, written after all its outputs
   .lock                 held by the run using the folder (a second run is refused)
@@ -39,6 +40,7 @@ class Experiment:
         self.folder = Path(folder)
         self.checkpoint = self.folder / "checkpoint.pt"
         self.final = self.folder / "final.pt"
+        self.best = self.folder / "best.pt"  # [exp] patience: the weights of the lowest dev error so far
         self.res = self.folder / "res.res"
         self.resolved = self.folder / "config.resolved.cfg"
         self.norm = self.folder / "feature_norm.npz"

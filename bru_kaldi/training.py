@@ -161,6 +161,28 @@ def learning_rate(initial: float, halving_factor: float, threshold: float, dev_e
     return lr
 
 
+def epochs_since_best(dev_errors: Sequence[float]) -> int:
+    """Epochs finished after the one with the lowest dev error (the first of equals): 0 when the last
+    epoch is the best so far.
+
+    >>> epochs_since_best([0.5, 0.4, 0.41, 0.4]), epochs_since_best([0.5, 0.4, 0.3]), epochs_since_best([])
+    (2, 0, 0)
+    """
+    if not dev_errors:
+        return 0
+    best = min(range(len(dev_errors)), key=lambda i: (dev_errors[i], i))
+    return len(dev_errors) - 1 - best
+
+
+def stopped_early(dev_errors: Sequence[float], patience: int) -> bool:
+    """Whether ``patience`` epochs in a row have brought no new best dev error (never when patience is 0).
+
+    >>> stopped_early([0.5, 0.4, 0.41, 0.42], 2), stopped_early([0.5, 0.4, 0.41, 0.42], 3)
+    (True, False)
+    """
+    return patience > 0 and epochs_since_best(dev_errors) >= patience
+
+
 def epoch_rate(arch, epoch: int, epochs: int, dev_errors: Sequence[float]) -> float:
     """``arch``'s rate for ``epoch`` (from 0): its ``arch_lr_schedule`` value for that epoch when it has
     one (pytorch-kaldi: a progressive rate is never halved), else :func:`learning_rate` of ``arch_lr``."""

@@ -143,3 +143,47 @@ def test_the_warmup_raises_the_rate_step_by_step_and_survives_a_resume(tiny_run,
     np.testing.assert_allclose(rates, expected)
     assert rates[:5] == pytest.approx([0.0008, 0.0016, 0.0024, 0.0032, 0.004]) and len(rates) > 5
     assert checkpoint_progress(exp_dir)["step"] == len(rates)
+
+
+def scripted_dev(monkeypatch, dev_errors):
+    """Make the dev evaluation after epoch k report ``dev_errors[k - 1]`` (losses alike), so that when a
+    run stops early is known in advance."""
+    scripted = iter(dev_errors)
+
+    def evaluate(*arguments, **keywords):
+        error = next(scripted)
+        return error * 4, error
+
+    monkeypatch.setattr(run_exp, "evaluate", evaluate)
+
+
+def test_patience_stops_after_epochs_without_a_new_best_and_keeps_the_best_weights(tiny_run, monkeypatch):
+    """Dev errors 0.5, 0.4, 0.45, 0.42, ...: with patience 2 the run stops after epoch 4 (two epochs
+    without beating epoch 2's 0.4) of a budget of 6, and final.pt holds epoch 2's weights, not the last."""
+    scripted_dev(monkeypatch, [0.5, 0.4, 0.45, 0.42, 0.3, 0.2])
+    code, folder, log = tiny_run("--exp,n_epochs_tr=6", "--exp,patience=2")
+    assert code == 0
+    epochs = [line for line in (folder / "res.res").read_text().splitlines() if line.startswith("epoch=")]
+    assert [line.split()[0] for line in epochs] == ["epoch=001", "epoch=002", "epoch=003", "epoch=004"]
+    # the rate halves after epoch 3 (worse than epoch 2), not after epoch 4 (better than epoch 3): the halving
+    # looks at the previous epoch, the stop at the best one
+    assert [re.search(r"lr_\S+=(\S+)", line).group(1) for line in epochs] == ["0.004", "0.004", "0.004", "0.002"]
+    best = torch.load(folder / "best.pt", weights_only=True)
+    final = torch.load(folder / "final.pt", weights_only=True)["model"]
+    last = torch.load(folder / "checkpoint.pt", weights_only=True)["model"]
+    assert best["epoch"] == 2
+    assert all(torch.equal(final[name], best["model"][name]) for name in final)
+    assert not all(torch.equal(final[name], last[name]) for name in final)
+    assert "stopped early after 4 epochs; final.pt holds epoch 2's weights" in log
+
+
+def test_without_patience_every_epoch_runs_and_the_last_weights_are_final(tiny_run, monkeypatch):
+    scripted_dev(monkeypatch, [0.5, 0.4, 0.45, 0.46])
+    code, folder, _ = tiny_run("--exp,n_epochs_tr=4")
+    assert code == 0
+    assert len([line for line in (folder / "res.res").read_text().splitlines() if line.startswith("epoch=")]) == 4
+    assert not (folder / "best.pt").exists()
+    final = torch.load(folder / "final.pt", weights_only=True)["model"]
+    last = torch.load(folder / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(final[name], last[name]) for name in final)
+
