@@ -21,8 +21,9 @@ class InnerDropout:
     0 by default; ``bru_kaldi.network`` sets it for ``dropout_at = inside``) multiplies the candidate by
     one mask per sequence drawn at the first frame, ``(B, H)`` of 0 and 1, *not* rescaled, and by
     ``1 - p`` in evaluation, as pytorch-kaldi's LSTM, GRU, liGRU and RNN do (the layer's own dropout is on
-    its input and inverted). The mask rides in the state, after the unit's own tensors; the fast paths
-    know nothing of it, so a cell with ``inner_dropout`` runs the reference loop.
+    its input and inverted). The mask rides in the state, after the unit's own tensors
+    (:meth:`candidate_mask` finds it); the fast paths take it from there (``models.fast.paths.gated``),
+    so they draw the same mask as the reference loop for the same random state.
     """
 
     inner_dropout = 0.0
@@ -34,6 +35,11 @@ class InnerDropout:
         if self.training:
             return (proj.new_empty(proj.size(0), self.hidden_size).bernoulli_(keep),)
         return (proj.new_full((1, 1), keep),)
+
+    def candidate_mask(self, state):
+        """The mask of ``state`` (from :meth:`initial_state`): ``(B, H)`` of 0 and 1 in training, ``(1, 1)``
+        of ``1 - p`` in evaluation; ``None`` without ``inner_dropout``."""
+        return state[-1] if self.inner_dropout else None
 
     def _dropped(self, candidate, state):
         return candidate * state[-1] if self.inner_dropout else candidate
@@ -77,7 +83,7 @@ class GRUCell(InnerDropout, RecurrentMatrixCell):
         return super().initial_state(proj) + self._inner_mask(proj)
 
     def fast_forward(self, proj, lengths):
-        return None if self.inner_dropout else fast.gated(self, "gru", proj, lengths)
+        return fast.gated(self, "gru", proj, lengths)
 
 
 class LSTMCell(InnerDropout, RecurrentMatrixCell):
@@ -105,7 +111,7 @@ class LSTMCell(InnerDropout, RecurrentMatrixCell):
         return (h,), (h, c) + state[2:]
 
     def fast_forward(self, proj, lengths):
-        return None if self.inner_dropout else fast.gated(self, "lstm", proj, lengths)
+        return fast.gated(self, "lstm", proj, lengths)
 
 
 class LiGRUCell(InnerDropout, RecurrentMatrixCell):
@@ -143,7 +149,7 @@ class LiGRUCell(InnerDropout, RecurrentMatrixCell):
         return super().initial_state(proj) + self._inner_mask(proj)
 
     def fast_forward(self, proj, lengths):
-        return None if self.inner_dropout else fast.gated(self, "ligru", proj, lengths)
+        return fast.gated(self, "ligru", proj, lengths)
 
 
 class MGUCell(RecurrentMatrixCell):
@@ -196,7 +202,7 @@ class RNNCell(InnerDropout, RecurrentMatrixCell):
         return super().initial_state(proj) + self._inner_mask(proj)
 
     def fast_forward(self, proj, lengths):
-        if self.inner_dropout or self.activation_name not in ("tanh", "relu"):  # the fused steps; sigmoid and softplus loop
+        if self.activation_name not in ("tanh", "relu"):  # the fused steps; the other activations loop
             return None
         return fast.gated(self, "rnn_" + self.activation_name, proj, lengths)
 

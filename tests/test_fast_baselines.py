@@ -101,3 +101,95 @@ def test_the_kernels_know_units_by_name_only(monkeypatch):
         GatedRecurrence.apply("rnn", proj, weight, None, h0)
     with pytest.raises(RuntimeError, match="expected 4 gates of 2 units"):
         GatedRecurrence.apply("lstm", proj[..., :2].contiguous(), weight[:2], None, h0)
+
+
+# pytorch-kaldi's inner dropout (models.gated.InnerDropout): the cells that mix it in, by the step name
+# their fast path passes to the kernels.
+INNER = [("ligru", {}, "ligru"), ("gru", {}, "gru"), ("lstm", {}, "lstm"), ("rnn", {}, "rnn_tanh"),
+         ("rnn", {"activation": "relu"}, "rnn_relu")]
+INNER_IDS = ["ligru", "gru", "lstm", "rnn", "rnn-relu"]
+
+
+class _CountingRecurrence:
+    """Stands in for GatedRecurrence in models.fast.paths: records the step name and mask of each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def apply(self, kind, proj, weight, bias, h0, mask=None):
+        self.calls.append((kind, None if mask is None else mask.detach().clone()))
+        return GatedRecurrence.apply(kind, proj, weight, bias, h0, mask)
+
+
+def _inner_layer(unit, options, p=0.3, norm="batch", hidden=6):
+    torch.manual_seed(0)
+    layer = models.build(unit, 3, hidden, bidirectional=True, norm=norm, **options).double()
+    for cell in layer.cells:
+        cell.inner_dropout = p
+    return randomise_(layer, seed=1)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("unit, options, kind", INNER, ids=INNER_IDS)
+def test_inner_dropout_runs_the_fast_path_and_equals_the_reference(unit, options, kind, training, backend, monkeypatch):
+    """With inner dropout (0/1 mask per sequence in training, 1 - p in evaluation), bidirectional, padded,
+    float64: the fast path is the one taken (each direction calls the fused recurrence with the cell's
+    mask, the reference loop never runs), and for the same seed its outputs and gradients are the reference
+    loop's."""
+    layer = _inner_layer(unit, options).train(training)
+    generator = torch.Generator().manual_seed(2)
+    lengths = torch.tensor([9, 4, 9, 1])
+    x = torch.randn(4, 9, 3, generator=generator, dtype=torch.float64)
+    weights = torch.randn(4, 9, layer.output_size, generator=generator, dtype=torch.float64)
+    state = {k: v.clone() for k, v in layer.state_dict().items()}
+    reference = _train_step(layer, "reference", x, lengths, weights, seed=5)
+    layer.load_state_dict(state)
+    counting = _CountingRecurrence()
+    monkeypatch.setattr("models.fast.paths.GatedRecurrence", counting)
+    for cell in layer.cells:
+        monkeypatch.setattr(cell, "reference_forward", lambda *a: pytest.fail("the reference loop ran"))
+    fast = _train_step(layer, "fast", x, lengths, weights, seed=5)
+    assert [kind for kind, _ in counting.calls] == [kind, kind]
+    for _, mask in counting.calls:
+        assert mask is not None and mask.shape == (4, 6)
+        if training:
+            assert set(mask.unique().tolist()) == {0.0, 1.0}, "a 0/1 mask, not rescaled"
+        else:
+            assert torch.all(mask == 0.7)
+    torch.testing.assert_close(fast[0], reference[0], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(fast[1], reference[1], rtol=1e-9, atol=1e-9)
+    for name in reference[2]:
+        torch.testing.assert_close(fast[2][name], reference[2][name], rtol=1e-9, atol=1e-9, msg=name)
+    # the mask is at work: without it the same weights and input give another output
+    monkeypatch.undo()
+    for cell in layer.cells:
+        cell.inner_dropout = 0.0
+    layer.load_state_dict(state)
+    assert (_train_step(layer, "fast", x, lengths, weights, seed=5)[0] - reference[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("unit, options, kind", INNER, ids=INNER_IDS)
+def test_inner_dropout_fast_path_gradcheck(unit, options, kind, backend):
+    """Finite differences through the masked backward passes, training mode (the seed fixes the mask for
+    every evaluation), bidirectional and padded, T = 1 included."""
+    layer = _inner_layer(unit, options, p=0.4, norm=None, hidden=3).train()
+    names = [name for name, _ in layer.named_parameters()]
+    params = tuple(p.detach().clone().requires_grad_() for p in layer.parameters())
+    for T, lengths in ((5, torch.tensor([5, 2, 4])), (1, torch.tensor([1, 1, 1]))):
+        x = torch.randn(3, T, 3, dtype=torch.float64, requires_grad=True)
+
+        def run(x, *params):
+            torch.manual_seed(11)  # the same mask at every evaluation
+            return torch.func.functional_call(layer, dict(zip(names, params)), (x, lengths))
+
+        torch.manual_seed(11)
+        mask = layer.cells[0].candidate_mask(layer.cells[0].initial_state(torch.zeros(3, 1, dtype=torch.float64)))
+        assert mask.shape == (3, 3) and 0 < mask.sum() < mask.numel(), "some units dropped, some kept"
+        assert torch.autograd.gradcheck(run, (x, *params), eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
+def test_a_mask_for_a_unit_without_candidate_is_refused(backend):
+    proj, weight, h0, mask = torch.zeros(2, 1, 4), torch.zeros(4, 2), torch.zeros(1, 2), torch.ones(1, 2)
+    error = RuntimeError if backend == "native" else ValueError
+    with pytest.raises(error, match="no candidate to mask"):
+        GatedRecurrence.apply("mgu", proj, weight, None, h0, mask)

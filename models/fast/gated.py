@@ -60,41 +60,48 @@ class GatedRecurrence(torch.autograd.Function):
     (both in log space: ``h`` here is ``log h``), ``"ligru"``, ``"gru"``, ``"lstm"`` (``c_{-1} = 0``), ``"mgu"``,
     ``"rnn_tanh"``, ``"rnn_relu"``; the C++ kernels and the TorchScript loops know each by that name.
 
+    ``mask`` ``(B, H)`` or ``None``: pytorch-kaldi's inner dropout (``models.gated.InnerDropout``), the
+    candidate multiplied by ``mask`` at every step, for the units that have a candidate (``ligru``, ``gru``,
+    ``lstm``, ``rnn_*``: ``loops.MASKED``); it gets no gradient.
+
     Shapes: ``proj`` ``(T, B, G*H)`` contiguous, ``weight`` ``(G*H, H)``, ``bias`` ``b_hh`` ``(G*H,)`` or ``None``,
     ``h0`` ``(B, H)`` -> ``(T, B, H)``.
     """
 
     @staticmethod
-    def forward(ctx, kind, proj, weight, bias, h0):
+    def forward(ctx, kind, proj, weight, bias, h0, mask=None):
         train = _needs_grad(ctx)
         weight_t = weight.t().contiguous()  # (H, G*H): a plain (not transposed) operand is faster for small B
+        mask = proj.new_empty(0) if mask is None else mask.contiguous()  # empty: no inner dropout
         ops = native_ops(proj)
         if ops is not None:
             b = proj.new_empty(0) if bias is None else bias.contiguous()
-            out, *kept = ops.gated_forward(kind, proj, weight_t, b, h0.contiguous(), train)  # kept, LSTM's c
+            out, *kept = ops.gated_forward(kind, proj, weight_t, b, h0.contiguous(), mask, train)  # kept, LSTM's c
         else:
-            out, kept = loops.gated_forward(kind, proj, weight_t, bias, h0, train)
+            out, kept = loops.gated_forward(kind, proj, weight_t, bias, h0, train, mask if mask.numel() else None)
         ctx.kind, ctx.native = kind, ops is not None
         if train:
-            ctx.save_for_backward(weight, h0, out, *kept)
+            ctx.save_for_backward(weight, h0, mask, out, *kept)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        weight, h0, out, *kept = ctx.saved_tensors
+        weight, h0, mask, out, *kept = ctx.saved_tensors
         grad_out = grad_out.contiguous()
         bias_grad = ctx.needs_input_grad[3]
         if ctx.native:  # the kernel sums the bias gradient on the way, a pass over du less
-            du, dq, grad_h0, grad_bias = native_ops(out).gated_backward(ctx.kind, *kept, out, h0.contiguous(), grad_out,
-                                                                        weight.contiguous(), bias_grad)
+            du, dq, grad_h0, grad_bias = native_ops(out).gated_backward(ctx.kind, *kept, out, h0.contiguous(), mask,
+                                                                        grad_out, weight.contiguous(), bias_grad)
         else:
-            du, dq, grad_h0 = loops.gated_backward(ctx.kind, kept, out, h0, grad_out, weight)
+            du, dq, grad_h0 = loops.gated_backward(ctx.kind, kept, out, h0, grad_out, weight,
+                                                   mask if mask.numel() else None)
             grad_bias = du.sum((0, 1)) if bias_grad else None
         grad_weight = _weight_grad(ctx.kind, du, kept, out, h0) if ctx.needs_input_grad[2] else None
         if dq is not None and dq.numel():  # GRU: du's n slot is the gradient of U_n h + b_hn, not of p_n
             du[..., -dq.size(2) :] = dq
-        return None, du, grad_weight, grad_bias if bias_grad else None, grad_h0 if ctx.needs_input_grad[4] else None
+        return (None, du, grad_weight, grad_bias if bias_grad else None, grad_h0 if ctx.needs_input_grad[4] else None,
+                None)
 
 
 class LBRURecurrence(torch.autograd.Function):

@@ -23,6 +23,11 @@ unit          kept per frame besides ``h_t``                            values p
 ``mgu``       ``[f, h~]``                                              2
 ============  =======================================================  ====================
 
+The units with a candidate (``MASKED``: Li-GRU, GRU, LSTM, RNN) take an optional candidate mask
+``(B, H)``, pytorch-kaldi's inner dropout (``models.gated.InnerDropout``): their loops multiply the
+candidate by it at every step and keep the candidate undropped, their backward passes multiply the
+candidate's derivative by it. ``None`` leaves every loop as it is without one.
+
 Layout: time-major, ``proj`` ``(T, B, G*H)``, ``weight_t`` ``(H, G*H)``, ``h0`` ``(B, H)``.
 """
 
@@ -76,17 +81,19 @@ def _libru_loop(proj: torch.Tensor, weight_t: torch.Tensor, h0: torch.Tensor, ou
 
 @_script
 def _ligru_loop(proj: torch.Tensor, weight_t: torch.Tensor, h0: torch.Tensor, out: torch.Tensor,
-                pre: torch.Tensor, train: bool):
-    """Eq. 8: ``h_t = h_{t-1} + z (relu(a_h) - h_{t-1})``; ``pre[t]`` the pre-activations (index 0 only
-    without ``train``)."""
+                pre: torch.Tensor, train: bool, mask: Optional[torch.Tensor]):
+    """Eq. 8: ``h_t = h_{t-1} + z (m relu(a_h) - h_{t-1})``, ``m`` the candidate mask (1 for ``None``);
+    ``pre[t]`` the pre-activations (index 0 only without ``train``)."""
     H = weight_t.size(0)
     work = torch.empty_like(proj[0])
     h = h0
     for t in range(proj.size(0)):
         a = torch.addmm(proj[t], h, weight_t, out=pre[t if train else 0])
         z = torch.sigmoid(a[:, :H], out=work[:, :H])
-        step = torch.clamp_min(a[:, H:], 0.0, out=work[:, H:]).sub_(h)
-        h = torch.addcmul(h, z, step, out=out[t])
+        step = torch.clamp_min(a[:, H:], 0.0, out=work[:, H:])
+        if mask is not None:
+            step.mul_(mask)
+        h = torch.addcmul(h, z, step.sub_(h), out=out[t])
     return out
 
 
@@ -102,47 +109,58 @@ def _bru_loop(proj: torch.Tensor, weight_t: torch.Tensor, h0: torch.Tensor, out:
 
 
 @_script
-def _rnn_loop(proj: torch.Tensor, weight_t: torch.Tensor, h0: torch.Tensor, out: torch.Tensor, relu: bool):
-    """``h_t = tanh(a_t)`` or ``relu(a_t)``, in place in ``out``."""
+def _rnn_loop(proj: torch.Tensor, weight_t: torch.Tensor, h0: torch.Tensor, out: torch.Tensor, relu: bool,
+              mask: Optional[torch.Tensor]):
+    """``h_t = m tanh(a_t)`` or ``m relu(a_t)`` (``m`` the candidate mask, 1 for ``None``), in place in ``out``."""
     h = h0
     for t in range(proj.size(0)):
         a = torch.addmm(proj[t], h, weight_t, out=out[t])
         h = a.relu_() if relu else a.tanh_()
+        if mask is not None:
+            h = h.mul_(mask)
     return out
 
 
 @_script
 def _gru_loop(proj: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor, h0: torch.Tensor, out: torch.Tensor,
-              gates: torch.Tensor, hidden: torch.Tensor, train: bool):
+              gates: torch.Tensor, hidden: torch.Tensor, train: bool, mask: Optional[torch.Tensor]):
     """PyTorch's GRU: ``gates[t] = [r, z, n]``, ``hidden[t] = U h_{t-1} + b_hh`` (index 0 only without
-    ``train``); ``n = tanh(p_n + r (U_n h_{t-1} + b_hn))``, ``h_t = n + z (h_{t-1} - n)``."""
+    ``train``); ``n = tanh(p_n + r (U_n h_{t-1} + b_hn))``, ``h_t = m n + z (h_{t-1} - m n)``, ``m`` the
+    candidate mask (1 for ``None``; ``gates`` keeps ``n`` undropped)."""
     H = h0.size(1)
     work = torch.empty_like(h0)
+    dropped = torch.empty_like(h0)
     h = h0
     for t in range(proj.size(0)):
         i = t if train else 0
         u = torch.addmm(bias, h, weight_t, out=hidden[i])
         rz = torch.add(proj[t, :, : 2 * H], u[:, : 2 * H], out=gates[i, :, : 2 * H]).sigmoid_()
         n = torch.addcmul(proj[t, :, 2 * H :], rz[:, :H], u[:, 2 * H :], out=gates[i, :, 2 * H :]).tanh_()
+        if mask is not None:
+            n = torch.mul(n, mask, out=dropped)
         h = torch.addcmul(n, rz[:, H:], torch.sub(h, n, out=work), out=out[t])
     return out
 
 
 @_script
 def _lstm_loop(proj: torch.Tensor, weight_t: torch.Tensor, h0: torch.Tensor, out: torch.Tensor,
-               gates: torch.Tensor, cell: torch.Tensor, train: bool):
+               gates: torch.Tensor, cell: torch.Tensor, train: bool, mask: Optional[torch.Tensor]):
     """PyTorch's LSTM, ``proj`` with ``b_hh`` added: ``gates[t] = [i, f, g, o]`` (index 0 only without
-    ``train``), ``cell[t] = c_t`` (two slots in turn without ``train``), ``c_{-1} = 0``."""
+    ``train``; ``g`` undropped), ``cell[t] = c_t = f c_{t-1} + i m g`` (two slots in turn without ``train``),
+    ``c_{-1} = 0``, ``m`` the candidate mask (1 for ``None``)."""
     H = h0.size(1)
     work = torch.empty_like(h0)
+    dropped = torch.empty_like(h0)
     c = torch.zeros_like(h0)
     h = h0
     for t in range(proj.size(0)):
         a = torch.addmm(proj[t], h, weight_t, out=gates[t if train else 0])
         a[:, : 2 * H].sigmoid_()
-        a[:, 2 * H : 3 * H].tanh_()
+        g = a[:, 2 * H : 3 * H].tanh_()
         a[:, 3 * H :].sigmoid_()
-        c = torch.mul(a[:, H : 2 * H], c, out=cell[t if train else t % 2]).addcmul_(a[:, :H], a[:, 2 * H : 3 * H])
+        if mask is not None:
+            g = torch.mul(g, mask, out=dropped)
+        c = torch.mul(a[:, H : 2 * H], c, out=cell[t if train else t % 2]).addcmul_(a[:, :H], g)
         h = torch.mul(a[:, 3 * H :], torch.tanh(c, out=work), out=out[t])
     return out
 
@@ -193,16 +211,20 @@ def _gated_backward(K: torch.Tensor, C: Optional[torch.Tensor], grad_out: torch.
 
 
 @_script
-def _lstm_backward(gates: torch.Tensor, cell: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor):
+def _lstm_backward(gates: torch.Tensor, cell: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor,
+                   mask: Optional[torch.Tensor]):
     """With ``dc`` carried from ``t + 1``: ``dc_t = dc + g_t o (1 - tanh^2 c_t)``, the gates
-    ``[dc g i(1-i), dc c_{t-1} f(1-f), dc i (1-g^2), g_t tanh(c_t) o(1-o)]``, ``dc <- dc_t f``.
-    Returns ``da`` ``(T, B, 4H)`` and ``dL/dh_0``."""
+    ``[dc m g i(1-i), dc c_{t-1} f(1-f), dc i m (1-g^2), g_t tanh(c_t) o(1-o)]`` (``m`` the candidate mask,
+    1 for ``None``), ``dc <- dc_t f``. Returns ``da`` ``(T, B, 4H)`` and ``dL/dh_0``."""
     T, B, H = grad_out.size(0), grad_out.size(1), grad_out.size(2)
     i, f, gg, o = gates[..., :H], gates[..., H : 2 * H], gates[..., 2 * H : 3 * H], gates[..., 3 * H :]
     tc = torch.tanh(cell)
     c_previous = torch.cat([torch.zeros_like(cell[:1]), cell[:-1]])
     A = o * (1 - tc * tc)
-    K = torch.cat([gg * i * (1 - i), c_previous * f * (1 - f), i * (1 - gg * gg), tc * o * (1 - o)], -1)
+    candidate, derivative = gg, 1 - gg * gg  # of the candidate m g, per unit of dc i
+    if mask is not None:
+        candidate, derivative = gg * mask, derivative * mask
+    K = torch.cat([candidate * i * (1 - i), c_previous * f * (1 - f), i * derivative, tc * o * (1 - o)], -1)
     da = torch.empty_like(K)
     K4, da4 = K.view(T, B, 4, H), da.view(T, B, 4, H)
     g = grad_out[T - 1].clone()
@@ -245,22 +267,22 @@ def _previous(out, h0):
     return torch.cat([h0.unsqueeze(0), out[:-1]])  # h_{t-1}, (T, B, H)
 
 
-def _bru(proj, weight_t, bias, h0, out, train):
+def _bru(proj, weight_t, bias, h0, out, train, mask):
     _bru_loop(proj, weight_t, h0, out, _scratch(proj, proj.size(2), False), False)
     return []  # 1 - sigma(a) = -expm1(log h)
 
 
-def _bru_grad(kept, out, h0, grad_out, weight):
+def _bru_grad(kept, out, h0, grad_out, weight, mask):
     return _gated_backward(torch.expm1(out).neg_(), None, grad_out, weight)
 
 
-def _libru(proj, weight_t, bias, h0, out, train):
+def _libru(proj, weight_t, bias, h0, out, train, mask):
     kept = [_scratch(proj, proj.size(2), train), _scratch(proj, h0.size(1), train)]  # [log z, log h~], diff
     _libru_loop(proj, weight_t, h0, out, kept[0], kept[1], train)
     return kept
 
 
-def _libru_grad(kept, out, h0, grad_out, weight):
+def _libru_grad(kept, out, h0, grad_out, weight, mask):
     (log_gates, diff), H = kept, out.size(2)
     log_z, log_c = log_gates[..., :H], log_gates[..., H:]
     K = torch.empty_like(log_gates)  # [dlog h_t / da_z, dlog h_t / da_h]
@@ -272,73 +294,85 @@ def _libru_grad(kept, out, h0, grad_out, weight):
     return _gated_backward(K, C, grad_out, weight)
 
 
-def _ligru(proj, weight_t, bias, h0, out, train):
+def _ligru(proj, weight_t, bias, h0, out, train, mask):
     pre = _scratch(proj, proj.size(2), train)  # pre-activations a_t
-    _ligru_loop(proj, weight_t, h0, out, pre, train)
+    _ligru_loop(proj, weight_t, h0, out, pre, train, mask)
     return [pre]
 
 
-def _ligru_grad(kept, out, h0, grad_out, weight):
+def _ligru_grad(kept, out, h0, grad_out, weight, mask):
     (a,), H = kept, out.size(2)
     a_z, a_h = a[..., :H], a[..., H:]
     z = torch.sigmoid(a_z)
     C = 1 - z
-    K = torch.cat([(a_h.clamp_min(0) - _previous(out, h0)) * z * C, z * (a_h > 0)], dim=-1)
+    candidate, derivative = a_h.clamp_min(0), z * (a_h > 0)  # m relu(a_h) and its derivative
+    if mask is not None:
+        candidate, derivative = candidate * mask, derivative * mask
+    K = torch.cat([(candidate - _previous(out, h0)) * z * C, derivative], dim=-1)
     return _gated_backward(K, C, grad_out, weight)
 
 
 def _rnn(relu):
-    def forward(proj, weight_t, bias, h0, out, train):
-        _rnn_loop(proj, weight_t, h0, out, relu)
+    def forward(proj, weight_t, bias, h0, out, train, mask):
+        _rnn_loop(proj, weight_t, h0, out, relu, mask)
         return []
 
-    def backward(kept, out, h0, grad_out, weight):
-        K = (out > 0).to(out.dtype) if relu else torch.addcmul(torch.ones_like(out), out, out, value=-1.0)
+    def backward(kept, out, h0, grad_out, weight, mask):
+        if relu:  # h_t > 0 exactly where a_t > 0 and m > 0; the derivative is m there
+            K = (out > 0).to(out.dtype) if mask is None else (out > 0) * mask
+        elif mask is None:
+            K = torch.addcmul(torch.ones_like(out), out, out, value=-1.0)
+        else:  # m (1 - tanh^2 a) = m - h^2 / m, 0 where m is (h is 0 there too)
+            K = mask - out * out / torch.where(mask == 0, torch.ones_like(mask), mask)
         return _gated_backward(K, None, grad_out, weight)
 
     return forward, backward
 
 
-def _gru(proj, weight_t, bias, h0, out, train):
+def _gru(proj, weight_t, bias, h0, out, train, mask):
     T, B, width = proj.shape
     slots = T if train else 1
     gates, hidden = proj.new_empty(slots, B, width), proj.new_empty(slots, B, width)
-    _gru_loop(proj, weight_t, bias if bias is not None else proj.new_zeros(width), h0, out, gates, hidden, train)
+    _gru_loop(proj, weight_t, bias if bias is not None else proj.new_zeros(width), h0, out, gates, hidden, train, mask)
     return [gates, hidden]
 
 
-def _gru_grad(kept, out, h0, grad_out, weight):
+def _gru_grad(kept, out, h0, grad_out, weight, mask):
     (gates, hidden), H = kept, out.size(2)
     r, z, n, e = gates[..., :H], gates[..., H : 2 * H], gates[..., 2 * H :], hidden[..., 2 * H :]
     dq = (1 - z) * (1 - n * n)  # dh_t / d(p_n + r e)
-    K = torch.cat([dq * e * r * (1 - r), (_previous(out, h0) - n) * z * (1 - z), dq * r, dq], -1)
+    candidate = n  # m n
+    if mask is not None:
+        dq, candidate = dq * mask, n * mask
+    K = torch.cat([dq * e * r * (1 - r), (_previous(out, h0) - candidate) * z * (1 - z), dq * r, dq], -1)
     da, grad_h0 = _gated_backward(K, z, grad_out, weight)
     return da[..., : 3 * H], da[..., 3 * H :], grad_h0
 
 
-def _lstm(proj, weight_t, bias, h0, out, train):
+def _lstm(proj, weight_t, bias, h0, out, train, mask):
     T, B, width = proj.shape
     gates, cell = proj.new_empty(T if train else 1, B, width), _scratch(proj, h0.size(1), train)
-    _lstm_loop(proj if bias is None else proj + bias, weight_t, h0, out, gates, cell, train)
+    _lstm_loop(proj if bias is None else proj + bias, weight_t, h0, out, gates, cell, train, mask)
     return [gates, cell]
 
 
-def _lstm_grad(kept, out, h0, grad_out, weight):
-    return _lstm_backward(kept[0], kept[1], grad_out, weight)
+def _lstm_grad(kept, out, h0, grad_out, weight, mask):
+    return _lstm_backward(kept[0], kept[1], grad_out, weight, mask)
 
 
-def _mgu(proj, weight_t, bias, h0, out, train):
+def _mgu(proj, weight_t, bias, h0, out, train, mask):
     gates = proj.new_empty(proj.size(0) if train else 1, *proj.shape[1:])
     _mgu_loop(proj, weight_t, h0, out, gates, train)
     return [gates]
 
 
-def _mgu_grad(kept, out, h0, grad_out, weight):
+def _mgu_grad(kept, out, h0, grad_out, weight, mask):
     return _mgu_backward(kept[0], out, h0, grad_out, weight)
 
 
-# name -> (forward, backward): forward(proj, weight_t, bias, h0, out, train) fills out and returns what it
-# keeps; backward(kept, out, h0, grad_out, weight) returns (da, dL/dh_0) or (du, dq, dL/dh_0).
+# name -> (forward, backward): forward(proj, weight_t, bias, h0, out, train, mask) fills out and returns what
+# it keeps; backward(kept, out, h0, grad_out, weight, mask) returns (da, dL/dh_0) or (du, dq, dL/dh_0). The
+# mask is None except for the units of MASKED (gated_forward checks it).
 _GATED = {
     "bru": (_bru, _bru_grad),
     "libru": (_libru, _libru_grad),
@@ -349,19 +383,24 @@ _GATED = {
     "lstm": (_lstm, _lstm_grad),
     "mgu": (_mgu, _mgu_grad),
 }
+# The units whose candidate a mask multiplies (the C++ kernels' kMasked units).
+MASKED = ("ligru", "rnn_tanh", "rnn_relu", "gru", "lstm")
 
 
-def gated_forward(kind: str, proj, weight_t, bias, h0, train: bool):
+def gated_forward(kind: str, proj, weight_t, bias, h0, train: bool, mask=None):
     """``(out (T, B, H), kept)``: the loop of unit ``kind``; ``kept`` is what its backward needs (scratch
-    without ``train``). ``bias`` is ``b_hh`` ``(G*H,)`` or ``None``."""
+    without ``train``). ``bias`` is ``b_hh`` ``(G*H,)`` or ``None``; ``mask`` the candidate mask ``(B, H)``
+    of a unit of ``MASKED``, or ``None``."""
+    if mask is not None and kind not in MASKED:
+        raise ValueError(f"unit {kind} has no candidate to mask (inner dropout: {', '.join(MASKED)})")
     out = proj.new_empty(proj.size(0), proj.size(1), h0.size(1))
-    return out, _GATED[kind][0](proj, weight_t, bias, h0, out, train)
+    return out, _GATED[kind][0](proj, weight_t, bias, h0, out, train, mask)
 
 
-def gated_backward(kind: str, kept, out, h0, grad_out, weight):
+def gated_backward(kind: str, kept, out, h0, grad_out, weight, mask=None):
     """``(du, dq or None, dL/dh_0)``: ``du`` ``(T, B, G*H)`` the gradient of ``W h_{t-1} + b`` per gate, ``dq``
-    (GRU) that of the projection of ``n``, where it differs from ``du``'s."""
-    result = _GATED[kind][1](kept, out, h0, grad_out, weight)
+    (GRU) that of the projection of ``n``, where it differs from ``du``'s; ``mask`` that of the forward pass."""
+    result = _GATED[kind][1](kept, out, h0, grad_out, weight, mask)
     return result if len(result) == 3 else (result[0], None, result[1])
 
 

@@ -22,11 +22,11 @@ from models.recurrent import log_sigmoid_pair
 FAST = {
     "bru": "form='log' (the default)",
     "libru": "form='log' (the default)",
-    "ligru": "all",
-    "gru": "all",
-    "lstm": "all",
+    "ligru": "all (inner_dropout too)",
+    "gru": "all (inner_dropout too)",
+    "lstm": "all (inner_dropout too)",
     "mgu": "all",
-    "rnn": "activation='tanh' (the default) or 'relu'",
+    "rnn": "activation='tanh' (the default) or 'relu' (inner_dropout too)",
     "lbru": "all (backward=None or 'layer', input_gate True or False)",
     "ubru": "all (backward=None, 'kalman', 'hmm')",
 }
@@ -44,9 +44,15 @@ def _at_end(lengths: torch.Tensor, T: int) -> torch.Tensor:
 def gated(cell, kind: str, proj: torch.Tensor, lengths: torch.Tensor):
     """The gated family, a cell with a recurrent matrix ``cell.recurrent`` (its bias, if any, is ``b_hh``)
     and an elementwise step: ``kind`` names the step (see :class:`GatedRecurrence`). The state starts from
-    the cell's ``initial_state`` (the LSTM's ``c`` from zero, as its cell's)."""
-    h0 = cell.initial_state(proj)[0]
-    out = GatedRecurrence.apply(kind, _time_major(proj), cell.recurrent.weight, cell.recurrent.bias, h0)  # (T, B, H)
+    the cell's ``initial_state`` (the LSTM's ``c`` from zero, as its cell's), drawn once as the reference
+    loop draws it: a cell with ``candidate_mask`` (``models.gated.InnerDropout``) gets the same inner-dropout
+    mask for the same random state, ``(B, H)`` in training and ``1 - p`` everywhere in evaluation."""
+    state = cell.initial_state(proj)
+    mask = cell.candidate_mask(state) if hasattr(cell, "candidate_mask") else None
+    if mask is not None:
+        mask = mask.expand(proj.size(0), cell.hidden_size)
+    out = GatedRecurrence.apply(kind, _time_major(proj), cell.recurrent.weight, cell.recurrent.bias, state[0],
+                                mask)  # (T, B, H)
     return cell.finish(proj, (out.transpose(0, 1),), lengths)
 
 

@@ -463,7 +463,10 @@ void backward_loop(int64_t steps, int64_t B, int64_t H, int64_t width, int64_t i
 //   kCell    a second state per unit, c (LSTM), carried forward and its gradient backward;
 //   kInner   1 when the last gate multiplies its own vector, not h_{t-1} (MGU: U_h (f * h_{t-1}));
 //   kScaled  the last gate's product U h + b is scaled before it meets the projection (GRU's reset
-//            gate on U_n h + b_hn), so the projection's gradient of that gate, dq, differs from du's.
+//            gate on U_n h + b_hn), so the projection's gradient of that gate, dq, differs from du's;
+//   kMasked  the unit takes a candidate mask m (B, H), pytorch-kaldi's inner dropout (models.gated.
+//            InnerDropout): its candidate is multiplied by m[b] in forward (x.dropped) and the candidate's
+//            derivative by the same m[b] in backward. Without a mask (nullptr) the unit is unchanged.
 
 // One vector of units [j, j + m) of sequence b at frame t, forward.
 template <typename T>
@@ -476,6 +479,7 @@ struct ForwardLane {
   T* c_next;         // kCell: c_t[b] at unit j
   T* kept;           // kept[t, b] at unit j: value k at kept[k * H]; nullptr when nothing is kept
   T* mid;            // kInner: the vector the last gate multiplies, [b] at unit j
+  const T* mask;     // kMasked: the candidate mask [b] at unit j, or nullptr (no inner dropout)
   int64_t H, n, m;   // the gate strides of p and u; the vector's length
 
   Vec<T> product(int64_t g) const {  // U_g h_{t-1} + b_g
@@ -488,6 +492,7 @@ struct ForwardLane {
   void keep(int64_t k, const Vec<T>& v) const {
     if (kept) v.store(kept + k * H, m);
   }
+  Vec<T> dropped(const Vec<T>& v) const { return mask ? v * load(mask, m) : v; }  // the candidate times m
 };
 
 // The same vector of units, backward.
@@ -504,10 +509,12 @@ struct BackwardLane {
   T* dq;             // kScaled: dq[t, b] at unit j
   const T* mid;      // kInner: the gradient of the vector the last gate multiplies
   T* dbias;          // the sum of du over frames and sequences so far, at unit j, or nullptr
+  const T* mask;     // kMasked: the candidate mask [b] at unit j, or nullptr
   int64_t H, m;
 
   Vec<T> saved(int64_t k) const { return load(kept + k * H, m); }
   Vec<T> previous() const { return load(h, m); }
+  Vec<T> dropped(const Vec<T>& v) const { return mask ? v * load(mask, m) : v; }
   void grad(int64_t gate, const Vec<T>& v) const {
     v.store(du + gate * H, m);
     if (dbias) (load(dbias + gate * H, m) + v).store(dbias + gate * H, m);
@@ -526,7 +533,7 @@ inline Vec<T> tanh_derivative(const Vec<T>& y) {  // from tanh(a)
 
 struct Unit {  // the defaults
   static constexpr int64_t kKept = 0, kInner = 0;
-  static constexpr bool kCell = false, kScaled = false;
+  static constexpr bool kCell = false, kScaled = false, kMasked = false;
 };
 
 // BRU, eq. 6: log h_t = log sigma(a). Keeps nothing: d log sigma(a) / da = 1 - sigma(a) = -expm1(log h_t).
@@ -563,84 +570,97 @@ struct LiBRU : Unit {
   }
 };
 
-// Li-GRU, eq. 8, gates [z, h~]: h_t = h_{t-1} + z (relu(a_h) - h_{t-1}). Keeps the pre-activations.
+// Li-GRU, eq. 8, gates [z, h~]: h_t = h_{t-1} + z (m relu(a_h) - h_{t-1}), m the candidate mask (1
+// without one). Keeps the pre-activations.
 struct LiGRU : Unit {
   static constexpr int64_t kGates = 2, kKept = 2;
+  static constexpr bool kMasked = true;
   template <typename T>
   static Vec<T> forward(const ForwardLane<T>& x) {
     const auto a_z = x.pre(0), a_h = x.pre(1), h = x.previous();
     x.keep(0, a_z), x.keep(1, a_h);
-    return at::vec::fmadd(sigmoid(a_z), at::vec::maximum(a_h, Vec<T>(T(0))) - h, h);
+    return at::vec::fmadd(sigmoid(a_z), x.dropped(at::vec::maximum(a_h, Vec<T>(T(0)))) - h, h);
   }
   template <typename T>
   static Vec<T> backward(const BackwardLane<T>& x) {
     const Vec<T> zero(T(0)), one(T(1));
     const auto a_h = x.saved(1), z = sigmoid(x.saved(0));
-    x.grad(0, x.g * (at::vec::maximum(a_h, zero) - x.previous()) * sigmoid_derivative(z));
-    x.grad(1, x.g * Vec<T>::blendv(zero, z, a_h > zero));
+    x.grad(0, x.g * (x.dropped(at::vec::maximum(a_h, zero)) - x.previous()) * sigmoid_derivative(z));
+    x.grad(1, x.dropped(x.g * Vec<T>::blendv(zero, z, a_h > zero)));
     return x.g * (one - z);
   }
 };
 
-// Elman RNN, h_t = tanh(a) or relu(a). Keeps nothing: both derivatives come from h_t (relu's is
-// 0 at 0, as torch's).
+// Elman RNN, h_t = m tanh(a) or m relu(a), m the candidate mask (1 without one). Keeps nothing: both
+// derivatives come from h_t and m (relu's is 0 at 0, as torch's). With a mask, tanh's is
+// m (1 - tanh^2 a) = m - h_t^2 / m, which is 0 where m is (h_t is 0 there too).
 struct RNNTanh : Unit {
   static constexpr int64_t kGates = 1;
+  static constexpr bool kMasked = true;
   template <typename T>
-  static Vec<T> forward(const ForwardLane<T>& x) { return fast_tanh(x.pre(0)); }
+  static Vec<T> forward(const ForwardLane<T>& x) { return x.dropped(fast_tanh(x.pre(0))); }
   template <typename T>
   static Vec<T> backward(const BackwardLane<T>& x) {
-    x.grad(0, x.g * tanh_derivative(load(x.out, x.m)));
+    const auto h = load(x.out, x.m);
+    if (!x.mask) {
+      x.grad(0, x.g * tanh_derivative(h));
+    } else {
+      const Vec<T> zero(T(0)), one(T(1));
+      const auto m = load(x.mask, x.m), safe = Vec<T>::blendv(m, one, m == zero);
+      x.grad(0, x.g * (m - h * h / safe));
+    }
     return Vec<T>(T(0));
   }
 };
 
 struct RNNReLU : Unit {
   static constexpr int64_t kGates = 1;
+  static constexpr bool kMasked = true;
   template <typename T>
-  static Vec<T> forward(const ForwardLane<T>& x) { return at::vec::maximum(x.pre(0), Vec<T>(T(0))); }
+  static Vec<T> forward(const ForwardLane<T>& x) { return x.dropped(at::vec::maximum(x.pre(0), Vec<T>(T(0)))); }
   template <typename T>
-  static Vec<T> backward(const BackwardLane<T>& x) {
+  static Vec<T> backward(const BackwardLane<T>& x) {  // h_t > 0 exactly where a > 0 and m > 0
     const Vec<T> zero(T(0));
-    x.grad(0, Vec<T>::blendv(zero, x.g, load(x.out, x.m) > zero));
+    x.grad(0, Vec<T>::blendv(zero, x.dropped(x.g), load(x.out, x.m) > zero));
     return zero;
   }
 };
 
 // GRU in PyTorch's convention, gates [r, z, n]: n = tanh(p_n + r e) with e = U_n h_{t-1} + b_hn,
-// h_t = n + z (h_{t-1} - n). Keeps [r, z, n, e].
+// h_t = m n + z (h_{t-1} - m n), m the candidate mask (1 without one). Keeps [r, z, n, e], n undropped.
 struct GRU : Unit {
   static constexpr int64_t kGates = 3, kKept = 4;
-  static constexpr bool kScaled = true;
+  static constexpr bool kScaled = true, kMasked = true;
   template <typename T>
   static Vec<T> forward(const ForwardLane<T>& x) {
     const auto r = sigmoid(x.pre(0)), z = sigmoid(x.pre(1)), e = x.product(2);
-    const auto n = fast_tanh(at::vec::fmadd(r, e, x.proj(2)));
+    const auto n = fast_tanh(at::vec::fmadd(r, e, x.proj(2))), candidate = x.dropped(n);
     x.keep(0, r), x.keep(1, z), x.keep(2, n), x.keep(3, e);
-    return at::vec::fmadd(z, x.previous() - n, n);
+    return at::vec::fmadd(z, x.previous() - candidate, candidate);
   }
   template <typename T>
   static Vec<T> backward(const BackwardLane<T>& x) {
     const Vec<T> one(T(1));
     const auto r = x.saved(0), z = x.saved(1), n = x.saved(2), e = x.saved(3);
-    const auto dq = x.g * (one - z) * tanh_derivative(n);  // of p_n + r e
+    const auto dq = x.dropped(x.g * (one - z) * tanh_derivative(n));  // of p_n + r e
     dq.store(x.dq, x.m);
     x.grad(0, dq * e * sigmoid_derivative(r));
-    x.grad(1, x.g * (x.previous() - n) * sigmoid_derivative(z));
+    x.grad(1, x.g * (x.previous() - x.dropped(n)) * sigmoid_derivative(z));
     x.grad(2, dq * r);  // of e
     return x.g * z;
   }
 };
 
-// LSTM in PyTorch's convention, gates [i, f, g, o]: c_t = f c_{t-1} + i g, h_t = o tanh(c_t), c_{-1} = 0.
-// Keeps the gate values, and c_t (tanh(c_t) is recomputed backward).
+// LSTM in PyTorch's convention, gates [i, f, g, o]: c_t = f c_{t-1} + i m g, h_t = o tanh(c_t), c_{-1} = 0,
+// m the candidate mask (1 without one). Keeps the gate values (g undropped), and c_t (tanh(c_t) is
+// recomputed backward).
 struct LSTM : Unit {
   static constexpr int64_t kGates = 4, kKept = 4;
-  static constexpr bool kCell = true;
+  static constexpr bool kCell = true, kMasked = true;
   template <typename T>
   static Vec<T> forward(const ForwardLane<T>& x) {
     const auto i = sigmoid(x.pre(0)), f = sigmoid(x.pre(1)), g = fast_tanh(x.pre(2)), o = sigmoid(x.pre(3));
-    const auto c = x.c ? at::vec::fmadd(f, load(x.c, x.m), i * g) : i * g;
+    const auto c = x.c ? at::vec::fmadd(f, load(x.c, x.m), i * x.dropped(g)) : i * x.dropped(g);
     c.store(x.c_next, x.m);
     x.keep(0, i), x.keep(1, f), x.keep(2, g), x.keep(3, o);
     return o * fast_tanh(c);
@@ -649,9 +669,9 @@ struct LSTM : Unit {
   static Vec<T> backward(const BackwardLane<T>& x) {
     const auto i = x.saved(0), f = x.saved(1), g = x.saved(2), o = x.saved(3), tc = fast_tanh(load(x.c, x.m));
     const auto dc = at::vec::fmadd(x.g * o, tanh_derivative(tc), load(x.dc, x.m));
-    x.grad(0, dc * g * sigmoid_derivative(i));
+    x.grad(0, dc * x.dropped(g) * sigmoid_derivative(i));
     x.grad(1, x.c_before ? dc * load(x.c_before, x.m) * sigmoid_derivative(f) : Vec<T>(T(0)));
-    x.grad(2, dc * i * tanh_derivative(g));
+    x.grad(2, x.dropped(dc * i * tanh_derivative(g)));
     x.grad(3, x.g * tc * sigmoid_derivative(o));
     (dc * f).store(x.dc, x.m);
     return Vec<T>(T(0));
@@ -705,14 +725,24 @@ auto with_unit(c10::string_view unit, const F& f) {
               "' (bru, libru, ligru, gru, lstm, mgu, rnn_tanh, rnn_relu)");
 }
 
+// The candidate mask's checks, shared by both directions: empty, or (B, H) for a unit that takes one.
+template <typename K>
+void check_mask(const Tensor& mask, int64_t B, int64_t H, const char* op) {
+  TORCH_CHECK(mask.numel() == 0 || K::kMasked, op, ": this unit has no candidate to mask (inner dropout: ligru, "
+              "gru, lstm, rnn_tanh, rnn_relu)");
+  TORCH_CHECK(mask.numel() == 0 || (mask.dim() == 2 && mask.size(0) == B && mask.size(1) == H), op,
+              ": the candidate mask must be empty or (B, H) = (", B, ", ", H, ")");
+}
+
 // The forward pass of unit K; see gated_forward.
 template <typename K>
 std::tuple<Tensor, Tensor, Tensor> unit_forward(const Tensor& proj, const Tensor& weight_t, const Tensor& bias,
-                                                const Tensor& h0, bool train) {
+                                                const Tensor& h0, const Tensor& mask, bool train) {
   const int64_t T = proj.size(0), B = proj.size(1), width = proj.size(2), H = weight_t.size(0);
   TORCH_CHECK(width == K::kGates * H && weight_t.size(1) == width, "gated_forward: expected ", K::kGates,
               " gates of ", H, " units, got proj of width ", width);
   TORCH_CHECK(bias.numel() == 0 || bias.numel() == width, "gated_forward: bias must be empty or of width ", width);
+  check_mask<K>(mask, B, H, "gated_forward");
   const auto options = proj.options();
   const int64_t kw = K::kKept * H;
   Tensor out = at::empty({T, B, H}, options), kept = at::empty({train && kw ? T : 0, B, kw}, options);
@@ -721,6 +751,7 @@ std::tuple<Tensor, Tensor, Tensor> unit_forward(const Tensor& proj, const Tensor
   AT_DISPATCH_FLOATING_TYPES(proj.scalar_type(), "gated_forward", [&] {
     const scalar_t *pp = proj.data_ptr<scalar_t>(), *h0p = h0.data_ptr<scalar_t>();
     const scalar_t* bp = bias.numel() ? bias.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* maskp = mask.numel() ? mask.data_ptr<scalar_t>() : nullptr;
     scalar_t *outp = out.data_ptr<scalar_t>(), *kp = kept.data_ptr<scalar_t>(), *cp = cell.data_ptr<scalar_t>(),
              *mp = mid.data_ptr<scalar_t>();
     auto step = [&](int64_t t, int64_t u0, int64_t u1, const scalar_t* U, int64_t ldu, int phase) {
@@ -735,7 +766,7 @@ std::tuple<Tensor, Tensor, Tensor> unit_forward(const Tensor& proj, const Tensor
           const ForwardLane<scalar_t> x{pp + row * width + j, U + b * ldu + i, bp ? bp + j : nullptr, hb + j,
                                         c ? c + j : nullptr, c_next ? c_next + j : nullptr,
                                         kept.size(0) ? kp + row * kw + j : nullptr, K::kInner ? mp + b * H + j : nullptr,
-                                        H, n, m};
+                                        maskp ? maskp + b * H + j : nullptr, H, n, m};
           if constexpr (K::kInner > 0) {
             if (phase == 0) return K::inner(x);
           }
@@ -750,23 +781,24 @@ std::tuple<Tensor, Tensor, Tensor> unit_forward(const Tensor& proj, const Tensor
 
 // Forward pass of a unit of the gated family (fast.gated.GatedRecurrence; the TorchScript loops of
 // fast.loops mirror it): h_t = step(proj_t + W h_{t-1} + b, h_{t-1}) for the named unit.
-// proj (T, B, G*H), weight_t (H, G*H), bias (G*H) or empty, h0 (B, H) -> out (T, B, H), kept
-// (T, B, kKept*H), what backward needs besides out (empty without train), and LSTM's c (T, B, H),
-// (1, B, H) without train, else empty.
+// proj (T, B, G*H), weight_t (H, G*H), bias (G*H) or empty, h0 (B, H), mask (B, H) the candidate mask
+// of the kMasked units or empty -> out (T, B, H), kept (T, B, kKept*H), what backward needs besides out
+// (empty without train), and LSTM's c (T, B, H), (1, B, H) without train, else empty.
 std::tuple<Tensor, Tensor, Tensor> gated_forward(c10::string_view unit, const Tensor& proj, const Tensor& weight_t,
-                                                 const Tensor& bias, const Tensor& h0, bool train) {
+                                                 const Tensor& bias, const Tensor& h0, const Tensor& mask, bool train) {
   check_cpu_contiguous(proj, "proj"), check_cpu_contiguous(weight_t, "weight_t"), check_cpu_contiguous(h0, "h0");
-  check_cpu_contiguous(bias, "bias");
-  return with_unit(unit, [&](auto kind) { return unit_forward<decltype(kind)>(proj, weight_t, bias, h0, train); });
+  check_cpu_contiguous(bias, "bias"), check_cpu_contiguous(mask, "mask");
+  return with_unit(unit, [&](auto kind) { return unit_forward<decltype(kind)>(proj, weight_t, bias, h0, mask, train); });
 }
 
 // The backward pass of unit K; see gated_backward.
 template <typename K>
 std::tuple<Tensor, Tensor, Tensor, Tensor> unit_backward(const Tensor& kept, const Tensor& cell, const Tensor& out,
-                                                         const Tensor& h0, const Tensor& grad_out, const Tensor& weight,
-                                                         bool bias_grad) {
+                                                         const Tensor& h0, const Tensor& mask, const Tensor& grad_out,
+                                                         const Tensor& weight, bool bias_grad) {
   const int64_t T = out.size(0), B = out.size(1), H = out.size(2), width = weight.size(0);
   TORCH_CHECK(width == K::kGates * H, "gated_backward: expected ", K::kGates, " gates of ", H, " units");
+  check_mask<K>(mask, B, H, "gated_backward");
   TORCH_CHECK(kept.numel() == T * B * K::kKept * H, "gated_backward: kept must be (T, B, ", K::kKept, " H)");
   TORCH_CHECK(!K::kCell || cell.numel() == T * B * H, "gated_backward: the cell state must be (T, B, H)");
   const auto options = out.options();
@@ -780,6 +812,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> unit_backward(const Tensor& kept, con
                    *h0p = h0.data_ptr<scalar_t>(), *gop = grad_out.data_ptr<scalar_t>();
     scalar_t *dup = du.data_ptr<scalar_t>(), *dqp = dq.data_ptr<scalar_t>(), *dcp = dc.data_ptr<scalar_t>(),
              *mp = mid.data_ptr<scalar_t>(), *dbp = bias_grad ? grad_bias.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* maskp = mask.numel() ? mask.data_ptr<scalar_t>() : nullptr;
     auto step = [&](int64_t t, int64_t u0, int64_t u1, const scalar_t* g, scalar_t* previous, int phase) {
       for (int64_t b = 0; b < B; ++b) {
         const int64_t row = t * B + b;
@@ -792,7 +825,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> unit_backward(const Tensor& kept, con
                                          K::kCell && t ? cp + (row - B) * H + j : nullptr,
                                          K::kCell ? dcp + b * H + j : nullptr, dup + row * width + j,
                                          K::kScaled ? dqp + row * H + j : nullptr,
-                                         K::kInner ? mp + b * H + j : nullptr, dbp ? dbp + j : nullptr, H, m};
+                                         K::kInner ? mp + b * H + j : nullptr, dbp ? dbp + j : nullptr,
+                                         maskp ? maskp + b * H + j : nullptr, H, m};
           if constexpr (K::kInner > 0) {
             if (phase == 0) return K::backward_inner(x);
           }
@@ -811,17 +845,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> unit_backward(const Tensor& kept, con
 // Backward pass of gated_forward, the gate derivatives formed in the loop from what it kept:
 // du_t = dL/d(W h_{t-1} + b) per gate (from dL/dh_t), g_{t-1} = grad_out_{t-1} + (the unit's direct
 // path) + du_t @ weight (MGU: its candidate's rows give dL/ds first).
-// kept (T, B, kKept*H), cell (T, B, H) or empty, out (T, B, H), h0 (B, H), grad_out (T, B, H),
-// weight (G*H, H) -> du (T, B, G*H), dq (T, B, H) (GRU: the gradient of the projection of n, which
+// kept (T, B, kKept*H), cell (T, B, H) or empty, out (T, B, H), h0 (B, H), mask (B, H) (the forward
+// pass's candidate mask) or empty, grad_out (T, B, H), weight (G*H, H) -> du (T, B, G*H), dq (T, B, H) (GRU: the gradient of the projection of n, which
 // du's n slot is not; else empty), dL/dh_0 (B, H), and with bias_grad the sum of du over frames and
 // sequences (G*H), the gradient of b_hh, else empty.
 std::tuple<Tensor, Tensor, Tensor, Tensor> gated_backward(c10::string_view unit, const Tensor& kept, const Tensor& cell,
-                                                          const Tensor& out, const Tensor& h0, const Tensor& grad_out,
-                                                          const Tensor& weight, bool bias_grad) {
+                                                          const Tensor& out, const Tensor& h0, const Tensor& mask,
+                                                          const Tensor& grad_out, const Tensor& weight, bool bias_grad) {
   check_cpu_contiguous(kept, "kept"), check_cpu_contiguous(cell, "cell"), check_cpu_contiguous(out, "out");
   check_cpu_contiguous(h0, "h0"), check_cpu_contiguous(grad_out, "grad_out"), check_cpu_contiguous(weight, "weight");
+  check_cpu_contiguous(mask, "mask");
   return with_unit(unit, [&](auto kind) {
-    return unit_backward<decltype(kind)>(kept, cell, out, h0, grad_out, weight, bias_grad);
+    return unit_backward<decltype(kind)>(kept, cell, out, h0, mask, grad_out, weight, bias_grad);
   });
 }
 
@@ -1091,10 +1126,10 @@ TORCH_LIBRARY(bru_kaldi, m) {
   m.def("softplus_scan_backward(Tensor grad, Tensor k, Tensor x0, Tensor x, bool reverse) -> (Tensor, Tensor, Tensor)");
   m.def("kalman_smoother(Tensor x, Tensor k, Tensor last) -> Tensor");
   m.def("kalman_smoother_backward(Tensor grad, Tensor x, Tensor k, Tensor last, Tensor gamma) -> (Tensor, Tensor)");
-  m.def("gated_forward(str unit, Tensor proj, Tensor weight_t, Tensor bias, Tensor h0, bool train)"
+  m.def("gated_forward(str unit, Tensor proj, Tensor weight_t, Tensor bias, Tensor h0, Tensor mask, bool train)"
         " -> (Tensor, Tensor, Tensor)");
-  m.def("gated_backward(str unit, Tensor kept, Tensor cell, Tensor out, Tensor h0, Tensor grad_out, Tensor weight,"
-        " bool bias_grad) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("gated_backward(str unit, Tensor kept, Tensor cell, Tensor out, Tensor h0, Tensor mask, Tensor grad_out,"
+        " Tensor weight, bool bias_grad) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("lbru_forward(Tensor proj, Tensor weight_t, Tensor bias, Tensor h0, bool train, bool input_gate)"
         " -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("batch_norm_forward(Tensor x, Tensor real, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor, Tensor)");
