@@ -1,26 +1,31 @@
 #!/usr/bin/env python3
 """Compare unit types: run configs over seeds, then one table with intervals, significance and figures.
 
-Usage: python compare.py sweep CFG... [--seeds 1,2,3] [--out DIR] [--baseline NAME] [--section,option=value ...]
+Usage: python compare.py sweep CFG... [--seeds 1,2,3] [--out DIR] [--baseline NAME] [--jobs N] [--section,option=value ...]
        python compare.py table EXP_DIR_OR_GLOB... [--baseline NAME] [--set test] [--csv F] [--markdown F]
-                               [--plots DIR]
+                               [--plots DIR] [--pairs A:B,...] [--section NAME]
  e.g.: python compare.py sweep cfg/MINI_liBRU.cfg cfg/MINI_liGRU.cfg --seeds 1,2,3 --baseline MINI_liGRU
        python compare.py table exp/compare --baseline MINI_liGRU --markdown RESULTS.table.md --plots exp/compare/plots
 
 sweep  runs every (config, seed) through run_exp.py into OUT/<config>/seed<N> (default OUT: exp/compare),
        skipping finished runs and resuming unfinished ones, going on after a failure (listed at the
        end, exit status 1), with progress and an ETA; overrides go to every run. It ends with the table.
+       --jobs N runs N at a time, each with cores / N threads (more runs an hour for small models).
 table  groups experiment folders by config (everything but [exp] seed and out_folder), and prints per
        config: units, parameters, epochs, training time, frames/s, dev and test error per seed and as
        mean ± sd, a 95 % interval over utterances and seeds, and against --baseline the probability of
        improvement (paired bootstrap, as Kaldi's compute-wer-bootci), the matched-pairs test (MAPSSWE
        over utterances) and the sign test (bru_kaldi/comparison/statistics.py says exactly how).
+       --pairs A:B,C:D tests chosen pairs in a second table (A against B...); --section NAME puts the
+       tables into the marked section of the --markdown file, with the date, machine and command.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 
 from bru_kaldi.atomic import write_text_atomically
@@ -29,6 +34,7 @@ from bru_kaldi.comparison.runs import find_runs, group
 from bru_kaldi.comparison.statistics import REPLICATIONS
 from bru_kaldi.comparison.sweep import run_sweep
 from bru_kaldi.config import ConfigError
+from bru_kaldi.machine import cpu_model
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -42,21 +48,51 @@ def parse_seeds(text: str) -> list[int]:
     return sorted(seeds)
 
 
+def parse_pairs(text: str) -> list[tuple[str, str]]:
+    """``"A:B,C:D"``: system A against B, C against D."""
+    pairs = [tuple(part.strip().split(":")) for part in text.split(",") if part.strip()]
+    bad = [":".join(p) for p in pairs if len(p) != 2 or not all(p)]
+    if bad:
+        raise ConfigError(f"--pairs {text!r}: expected SYSTEM:AGAINST pairs separated by commas, got {bad}")
+    return pairs
+
+
+def provenance(systems, command: str) -> str:
+    """When, where and how a table was made, and what its runs cost: the line above a generated table."""
+    runs = [r for s in systems for r in s.runs if r.finished]
+    hours = sum(r.training_seconds for r in runs) / 3600
+    return (f"Generated {time.strftime('%Y-%m-%d')} by `{command}` on {cpu_model()} "
+            f"({os.cpu_count()} cores): {len(systems)} systems, {len(runs)} finished runs, "
+            f"{hours:.1f} h of training in all.")
+
+
 def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plots=None,
-          replications=REPLICATIONS) -> str:
-    """The comparison table of the experiment folders matching ``patterns``; writes the files asked for."""
+          replications=REPLICATIONS, pairs=(), section=None, command="compare.py table") -> str:
+    """The comparison table of the experiment folders matching ``patterns``; writes the files asked for.
+
+    ``pairs``: ``(system, against)`` names, tested pair by pair in a second table. ``section``: with
+    ``markdown``, the tables replace the block between ``<!-- compare.py SECTION -->`` and
+    ``<!-- /compare.py SECTION -->`` of that file, under a line saying when, where and how they were made.
+    """
     systems = group(find_runs(patterns))
     sets = ["dev", test_set] if test_set != "dev" else ["dev"]
     rows = report.rows(systems, sets, baseline, test_set, replications)
+    named = report.pairs(systems, pairs, test_set, replications) if pairs else []
     if csv:
         write_text_atomically(csv, report.csv_text(rows, test_set, sets))
     if markdown:
-        write_text_atomically(markdown, report.markdown(rows, test_set, sets) + "\n")
+        body = report.markdown(rows, test_set, sets)
+        if named:
+            body += "\n\n" + report.pairs_markdown(named, test_set)
+        if section:
+            body = report.splice(Path(markdown).read_text(), section, provenance(systems, command) + "\n\n" + body)
+        write_text_atomically(markdown, body + ("" if section else "\n"))
     if plots:
         from bru_kaldi.comparison.figures import plot
 
         plot(systems, rows, test_set, plots)
-    return report.text(rows, test_set, sets)
+    shown = report.text(rows, test_set, sets)
+    return shown + ("\n\n" + report.pairs_markdown(named, test_set) if named else "")
 
 
 def parse_arguments(argv):
@@ -70,6 +106,7 @@ def parse_arguments(argv):
     sweep.add_argument("--out", type=Path, default=Path("exp/compare"))
     sweep.add_argument("--baseline", help="the system the others are tested against (a config name)")
     sweep.add_argument("--set", default="test", dest="test_set")
+    sweep.add_argument("--jobs", type=int, default=1, help="runs at a time, each with cores / jobs threads")
     shown = verbs.add_parser("table", help="the table of finished experiment folders")
     shown.add_argument("folders", nargs="+", help="experiment folders, folders above them, or globs")
     shown.add_argument("--baseline")
@@ -78,6 +115,9 @@ def parse_arguments(argv):
     shown.add_argument("--markdown", type=Path)
     shown.add_argument("--plots", type=Path)
     shown.add_argument("--replications", type=int, default=REPLICATIONS)
+    shown.add_argument("--pairs", default="", help="SYSTEM:AGAINST,...: each pair tested in a second table")
+    shown.add_argument("--section", help="with --markdown F: replace that section of F (between "
+                                         "<!-- compare.py SECTION --> and <!-- /compare.py SECTION -->)")
     args, overrides = parser.parse_known_args(argv)
     if overrides and args.verb != "sweep":
         parser.error(f"unrecognised arguments: {' '.join(overrides)}")
@@ -91,10 +131,13 @@ def main(argv=None) -> int:
     args, overrides = parse_arguments(argv)
     try:
         if args.verb == "table":
+            if args.section and not args.markdown:
+                raise ConfigError("--section needs --markdown FILE (the file whose section is replaced)")
             print(table(args.folders, args.baseline, args.test_set, args.csv, args.markdown, args.plots,
-                        args.replications))
+                        args.replications, parse_pairs(args.pairs), args.section,
+                        "python compare.py " + " ".join(sys.argv[1:] if argv is None else argv)))
             return 0
-        outcomes = run_sweep(args.configs, parse_seeds(args.seeds), args.out, overrides)
+        outcomes = run_sweep(args.configs, parse_seeds(args.seeds), args.out, overrides, jobs=args.jobs)
         print(table([str(args.out)], args.baseline, args.test_set))
         failed = [o for o in outcomes if o.status == "failed"]
         for o in failed:

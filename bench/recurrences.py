@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -49,6 +48,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import models  # noqa: E402
+from bru_kaldi.machine import cpu_model, load_average  # noqa: E402
 from models.recurrent import set_implementation  # noqa: E402
 
 UNITS = ["lstm", "gru", "mgu", "rnn", "rnn:relu", "ligru", "libru", "bru", "lbru", "ubru", "ubru:kalman", "ubru:hmm"]
@@ -70,24 +70,6 @@ def parse_unit(spec: str):
     if option is None:
         raise ValueError(f"{unit} takes no option for {value!r}")
     return unit, {option: value}
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:
-        return "n/a"
 
 
 def synchronize(device):

@@ -14,6 +14,7 @@ its recipe a ``run.sh`` with the same options and point :data:`RECIPE` at it (``
 
 from __future__ import annotations
 
+import fcntl
 import re
 import subprocess
 from pathlib import Path
@@ -45,14 +46,19 @@ def ensure_builtin_corpus(root, size: str = "default", seed: int = 1, log: Calla
     command = ["bash", str(recipe / "run.sh"), *(["--task", task] if task != "phones" else []), "--size", size,
                "--seed", str(seed), str(root)]
     lines: list[str] = []
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    with process.stdout:
-        for line in process.stdout:
-            line = line.rstrip()
-            if line and not line.startswith(("/project/", "[I] ")):  # kaldilm's progress chatter
-                lines.append(line)
-                log(f"  {line}")
-    if process.wait() != 0:
+    root.mkdir(parents=True, exist_ok=True)
+    # runs started together (compare.py sweep --jobs) build it once: the others wait, then find it complete
+    with open(root / ".build.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        with process.stdout:
+            for line in process.stdout:
+                line = line.rstrip()
+                if line and not line.startswith(("/project/", "[I] ")):  # kaldilm's progress chatter
+                    lines.append(line)
+                    log(f"  {line}")
+        process.wait()
+    if process.returncode != 0:
         # run.sh logs "Stage N: name" as each stage starts: the last one is the stage that failed
         started = [m for m in map(_STAGE_START.search, lines) if m]
         where = f"stage {started[-1]['number']} ({started[-1]['name']}) failed: " if started else ""

@@ -135,6 +135,40 @@ def test_the_table_groups_seeds_and_tests_against_the_baseline(tmp_path):
         report.rows(systems, ["test"], "MINI_C", "test")
 
 
+
+def test_named_pairs_and_a_generated_section(tmp_path):
+    """--pairs tests each named pair as the table does with that baseline; --section puts the tables, under
+    the date, machine and command, between the markers of a hand-written page and leaves the rest alone."""
+    rng = np.random.default_rng(1)
+    for seed in (1, 2):
+        fake_run(tmp_path / "runs" / "A" / f"seed{seed}", "MINI_A", "ligru", seed, list(rng.integers(2, 5, 30)), 31, 30 + seed)
+        fake_run(tmp_path / "runs" / "B" / f"seed{seed}", "MINI_B", "libru", seed, list(rng.integers(0, 3, 30)), 21, 20 + seed)
+        fake_run(tmp_path / "runs" / "C" / f"seed{seed}", "MINI_C", "lstm", seed, list(rng.integers(2, 5, 30)), 31, 32)
+    systems = group(find_runs([str(tmp_path / "runs" / "*")]))
+    (b_vs_a, c_vs_b) = report.pairs(systems, [("MINI_B", "MINI_A"), ("MINI_C", "MINI_B")], "test", replications=400)
+    assert (b_vs_a.system_error, b_vs_a.against_error) == (21.5, 31.5)
+    assert b_vs_a.versus == report.rows(systems, ["test"], "MINI_A", "test", replications=400)[1].versus
+    assert b_vs_a.versus["probability_of_improvement"] > 0.99 and c_vs_b.versus["probability_of_improvement"] < 0.01
+    assert "| MINI_B | MINI_A | 21.50 | 31.50 | -10.00 |" in report.pairs_markdown([b_vs_a], "test")
+    with pytest.raises(ValueError, match="no system MINI_D"):
+        report.pairs(systems, [("MINI_D", "MINI_A")], "test")
+
+    page = tmp_path / "RESULTS.md"
+    page.write_text("# Results\nabove\n<!-- compare.py study -->\nstale table\n<!-- /compare.py study -->\nbelow\n")
+    assert compare.main(["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study",
+                         "--pairs", "MINI_B:MINI_A", "--replications", "200"]) == 0
+    text = page.read_text()
+    assert text.startswith("# Results\nabove\n<!-- compare.py study -->\nGenerated ") and text.endswith(
+        "<!-- /compare.py study -->\nbelow\n")
+    assert "stale table" not in text and "3 systems, 6 finished runs, 0.1 h of training" in text
+    assert f"by `python compare.py table {tmp_path / 'runs'} --markdown" in text
+    assert text.count("\n| MINI_A | ligru") == 1 and "| MINI_B | MINI_A | 21.50 | 31.50 |" in text
+    page.write_text("no markers here\n")
+    assert compare.main(["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study"]) == 1
+    assert page.read_text() == "no markers here\n"
+    assert compare.main(["table", str(tmp_path / "runs"), "--pairs", "MINI_B"]) == 1
+
+
 # --------------------------------------------------------------------------- a sweep, killed and resumed
 def test_a_sweep_on_the_tiny_corpus_is_killed_and_resumes(tiny_corpus, tmp_path):
     ligru = tmp_path / "tiny_liGRU.cfg"
@@ -161,3 +195,48 @@ def test_a_sweep_on_the_tiny_corpus_is_killed_and_resumes(tiny_corpus, tmp_path)
     assert set(lines) == {"tiny_liBRU", "tiny_liGRU"}
     # the Li-GRU row has both seeds, an interval and the tests against the Li-BRU baseline
     assert re.search(r"\d+\.\d\d / \d+\.\d\d .* \d+\.\d\d-\d+\.\d\d +\d\.\d{3} +\S+ +\S+$", lines["tiny_liGRU"]), lines
+
+
+def test_a_sweep_runs_jobs_at_a_time_seed_by_seed_and_reports_a_failure(tmp_path, monkeypatch):
+    """With a stand-in for Python that records when each run starts and ends: never more than --jobs runs at
+    once, seed 1 of every config before seed 2, cores / jobs threads each, and a failed run listed."""
+    from bru_kaldi.comparison.sweep import run_sweep
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    fake = tmp_path / "python"
+    fake.write_text(f"""#!{sys.executable}
+import os, sys, time
+from pathlib import Path
+config, seed, folder = sys.argv[2], sys.argv[3].split("=")[1], Path(sys.argv[4].split("=")[1])
+with open({str(tmp_path / "events")!r}, "a") as f:
+    f.write(f"start {{Path(config).stem}} {{seed}} {{time.time()}} {{os.environ['OMP_NUM_THREADS']}}\\n")
+time.sleep(0.6)
+with open({str(tmp_path / "events")!r}, "a") as f:
+    f.write(f"end {{Path(config).stem}} {{seed}} {{time.time()}}\\n")
+if Path(config).stem == "b" and seed == "2":
+    print("error: the loss is nan")
+    sys.exit(3)
+(folder / ".done").mkdir(parents=True, exist_ok=True)
+(folder / ".done" / "train").touch(); (folder / ".done" / "decode").touch()
+""")
+    fake.chmod(0o755)
+    configs = [tmp_path / "a.cfg", tmp_path / "b.cfg", tmp_path / "c.cfg"]
+    for config in configs:
+        config.write_text("[exp]\n")
+    logged = []
+    outcomes = run_sweep(configs, [1, 2], tmp_path / "out", log=logged.append, python=str(fake), jobs=2)
+    assert [(o.config.stem, o.seed, o.status) for o in outcomes] == [
+        ("a", 1, "done"), ("b", 1, "done"), ("c", 1, "done"), ("a", 2, "done"), ("b", 2, "failed"), ("c", 2, "done")]
+    assert "exit status 3: error: the loss is nan" in outcomes[4].message
+    events = [line.split() for line in (tmp_path / "events").read_text().splitlines()]
+    starts = [(e[1], e[2]) for e in events if e[0] == "start"]
+    assert starts == [("a", "1"), ("b", "1"), ("c", "1"), ("a", "2"), ("b", "2"), ("c", "2")]
+    assert {e[4] for e in events if e[0] == "start"} == {str(max(1, (os.cpu_count() or 1) // 2))}
+    at_once, most = 0, 0
+    for event in sorted(events, key=lambda e: (float(e[3]), e[0] == "start")):
+        at_once += 1 if event[0] == "start" else -1
+        most = max(most, at_once)
+    assert most == 2
+    assert any("[6/6]" in line and "to go" in line for line in logged)
+    again = run_sweep(configs, [1, 2], tmp_path / "out", log=logged.append, python=str(fake), jobs=2)
+    assert [o.status for o in again] == ["skipped"] * 4 + ["failed", "skipped"]

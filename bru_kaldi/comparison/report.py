@@ -132,3 +132,66 @@ def csv_text(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] 
     writer.writerow(headers(sets, test_set))
     writer.writerows(_cells(row, sets, test_set) for row in table)
     return buffer.getvalue()
+
+
+# --------------------------------------------------------------------------- named pairs
+@dataclass
+class Pair:
+    """One system against another on the test set: each one's mean error over its seeds (percent), and
+    the tests of :func:`rows` with ``against`` as the baseline."""
+
+    system: str
+    against: str
+    system_error: float
+    against_error: float
+    versus: dict[str, float]
+
+
+def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set: str,
+          replications: int = statistics.REPLICATIONS) -> list[Pair]:
+    """A :class:`Pair` for each ``(system, against)`` of ``wanted`` (names of ``systems``)."""
+    by_name = {s.name: s for s in systems}
+    out = []
+    for name, against in wanted:
+        missing = [n for n in (name, against) if n not in by_name]
+        if missing:
+            raise ValueError(f"--pairs {name}:{against}: no system {', '.join(missing)}; the systems are "
+                             f"{', '.join(by_name)}")
+        mine, base = rows([by_name[name], by_name[against]], [test_set], against, test_set, replications)
+        if not mine.errors[test_set] or not base.errors[test_set]:
+            raise ValueError(f"--pairs {name}:{against}: both systems need a finished run with a {test_set} result")
+        out.append(Pair(name, against, pystats.fmean(mine.errors[test_set]), pystats.fmean(base.errors[test_set]),
+                        mine.versus))
+    return out
+
+
+def pairs_markdown(table: Sequence[Pair], test_set: str) -> str:
+    """The pairs as a Markdown table: both means, the difference, and the three tests."""
+    lines = [f"| system | against | {test_set} error | against's | difference | P(better) | matched pairs p | sign test p |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for p in table:
+        v = p.versus
+        lines.append(f"| {p.system} | {p.against} | {p.system_error:.2f} | {p.against_error:.2f} | "
+                     f"{p.system_error - p.against_error:+.2f} | {v['probability_of_improvement']:.3f} | "
+                     f"{v['matched_pairs_p']:.3g} | {v['sign_p']:.3g} |")
+    return "\n".join(lines)
+
+
+def splice(document: str, name: str, text: str) -> str:
+    """``document`` with the lines between ``<!-- compare.py NAME -->`` and ``<!-- /compare.py NAME -->``
+    replaced by ``text``: how a generated table goes into a hand-written page.
+
+    >>> print(splice("a\\n<!-- compare.py t -->\\nold\\n<!-- /compare.py t -->\\nb", "t", "new"))
+    a
+    <!-- compare.py t -->
+    new
+    <!-- /compare.py t -->
+    b
+    """
+    begin, end = f"<!-- compare.py {name} -->", f"<!-- /compare.py {name} -->"
+    if document.count(begin) != 1 or document.count(end) != 1 or document.index(begin) > document.index(end):
+        raise ValueError(f"expected one line '{begin}' followed by one line '{end}' to put the table between")
+    head, rest = document.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{text.strip()}\n{end}{tail}"
+

@@ -8,6 +8,7 @@ where it stopped. A run that fails does not stop the sweep: the failures are lis
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -45,40 +46,73 @@ def _last_error(log: Path) -> str:
 
 
 def run_sweep(configs: Sequence[Path], seeds: Sequence[int], out: Path, overrides: Sequence[str] = (),
-              log: Callable[[str], None] = print, python: str = sys.executable) -> list[Outcome]:
-    """Run every (config, seed); returns one :class:`Outcome` per run, in order."""
+              log: Callable[[str], None] = print, python: str = sys.executable, jobs: int = 1) -> list[Outcome]:
+    """Run every (config, seed), ``jobs`` at a time; returns one :class:`Outcome` per run, in order.
+
+    With ``jobs`` > 1 each run gets ``cores / jobs`` threads (``OMP_NUM_THREADS``, unless it is set):
+    the small recurrent models of the built-in corpus use a second thread poorly (their per-step
+    products are a few hundred kFLOP), so two one-thread runs on two cores finish more runs an hour.
+    """
     for config in configs:
         if not Path(config).is_file():
             raise FileNotFoundError(f"config file {config} does not exist")
-    pairs = [(Path(c), s) for c in configs for s in seeds]
-    outcomes: list[Outcome] = []
+    if jobs < 1:
+        raise ValueError(f"--jobs {jobs}: expected at least 1 run at a time")
+    # seed by seed: a sweep stopped part-way has every config at its first seeds, a table to read already
+    pairs = [(Path(c), s) for s in seeds for c in configs]
+    environment = dict(os.environ)
+    if jobs > 1:
+        environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+    outcomes: dict[int, Outcome] = {}
+    running: dict[int, tuple[subprocess.Popen, float]] = {}
     started, spent = time.time(), []
-    for number, (config, seed) in enumerate(pairs, 1):
-        folder = folder_of(out, config, seed)
-        if is_finished(folder):
-            outcomes.append(Outcome(config, seed, folder, "skipped"))
-            log(f"[{number}/{len(pairs)}] {config.stem} seed {seed}: finished before, skipped ({folder})")
-            continue
-        folder.mkdir(parents=True, exist_ok=True)
-        command = [python, str(RUN_EXP), str(config), f"--exp,seed={seed}", f"--exp,out_folder={folder}", *overrides]
-        log(f"[{number}/{len(pairs)}] {config.stem} seed {seed}: running -> {folder}")
-        begin = time.time()
-        with open(folder / "sweep.log", "a") as output:
-            output.write(f"# {' '.join(command)}\n")
-            output.flush()
-            code = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, cwd=RUN_EXP.parent).returncode
-        seconds = time.time() - begin
+    waiting = list(enumerate(pairs, 1))
+
+    def finish(number: int, code: int, begin: float) -> None:
+        config, seed = pairs[number - 1]
+        folder, seconds = folder_of(out, config, seed), time.time() - begin
         spent.append(seconds)
         if code == 0:
-            outcomes.append(Outcome(config, seed, folder, "done", seconds))
+            outcomes[number] = Outcome(config, seed, folder, "done", seconds)
         else:
-            outcomes.append(Outcome(config, seed, folder, "failed", seconds,
-                                    f"exit status {code}: {_last_error(folder / 'sweep.log')}"))
-        remaining = sum(1 for c, s in pairs[number:] if not is_finished(folder_of(out, c, s)))
-        eta = remaining * sum(spent) / len(spent)
-        log(f"[{number}/{len(pairs)}] {config.stem} seed {seed}: {outcomes[-1].status} in {seconds:.0f} s; "
+            outcomes[number] = Outcome(config, seed, folder, "failed", seconds,
+                                       f"exit status {code}: {_last_error(folder / 'sweep.log')}")
+        remaining = sum(1 for c, s in pairs if not is_finished(folder_of(out, c, s))) - len(running)
+        eta = max(remaining, 0) * sum(spent) / len(spent) / jobs
+        log(f"[{number}/{len(pairs)}] {config.stem} seed {seed}: {outcomes[number].status} in {seconds:.0f} s; "
             f"elapsed {_duration(time.time() - started)}, about {_duration(eta)} to go")
-    return outcomes
+
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                number, (config, seed) = waiting.pop(0)
+                folder = folder_of(out, config, seed)
+                if is_finished(folder):
+                    outcomes[number] = Outcome(config, seed, folder, "skipped")
+                    log(f"[{number}/{len(pairs)}] {config.stem} seed {seed}: finished before, skipped ({folder})")
+                    continue
+                folder.mkdir(parents=True, exist_ok=True)
+                command = [python, str(RUN_EXP), str(config), f"--exp,seed={seed}", f"--exp,out_folder={folder}",
+                           *overrides]
+                log(f"[{number}/{len(pairs)}] {config.stem} seed {seed}: running -> {folder}")
+                with open(folder / "sweep.log", "a") as output:
+                    output.write(f"# {' '.join(command)}\n")
+                    output.flush()
+                    process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=RUN_EXP.parent,
+                                               env=environment)
+                running[number] = (process, time.time())
+            for number, (process, begin) in list(running.items()):
+                if process.poll() is not None:
+                    del running[number]
+                    finish(number, process.returncode, begin)
+            if running:
+                time.sleep(0.2)
+    finally:  # interrupted: the runs it started stop with it (each resumes from its checkpoint next time)
+        for process, _ in running.values():
+            process.terminate()
+        for process, _ in running.values():
+            process.wait()
+    return [outcomes[number] for number in sorted(outcomes)]
 
 
 def _duration(seconds: float) -> str:
