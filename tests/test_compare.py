@@ -152,6 +152,12 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert "| MINI_B | MINI_A | 21.50 | 31.50 | -10.00 |" in report.pairs_markdown([b_vs_a], "test")
     with pytest.raises(ValueError, match="no system MINI_D"):
         report.pairs(systems, [("MINI_D", "MINI_A")], "test")
+    unfinished = tmp_path / "more" / "D" / "seed1"  # a study under way: trained, not yet decoded
+    fake_run(unfinished, "MINI_D", "lbru", 1, [1] * 30, 20, 20)
+    (unfinished / "res.res").write_text("".join((unfinished / "res.res").read_text().splitlines(True)[:2]))
+    (pending,) = report.pairs(group(find_runs([str(tmp_path / "runs" / "*"), str(unfinished)])),
+                              [("MINI_D", "MINI_A")], "test")
+    assert "| MINI_D | MINI_A | - | 31.50 | | no finished run of both yet | | |" in report.pairs_markdown([pending], "test")
 
     page = tmp_path / "RESULTS.md"
     page.write_text("# Results\nabove\n<!-- compare.py study -->\nstale table\n<!-- /compare.py study -->\nbelow\n")

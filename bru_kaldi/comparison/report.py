@@ -142,8 +142,8 @@ class Pair:
 
     system: str
     against: str
-    system_error: float
-    against_error: float
+    system_error: Optional[float]  # None: no finished run yet (a study still under way)
+    against_error: Optional[float]
     versus: dict[str, float]
 
 
@@ -158,10 +158,7 @@ def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set
             raise ValueError(f"--pairs {name}:{against}: no system {', '.join(missing)}; the systems are "
                              f"{', '.join(by_name)}")
         mine, base = rows([by_name[name], by_name[against]], [test_set], against, test_set, replications)
-        if not mine.errors[test_set] or not base.errors[test_set]:
-            raise ValueError(f"--pairs {name}:{against}: both systems need a finished run with a {test_set} result")
-        out.append(Pair(name, against, pystats.fmean(mine.errors[test_set]), pystats.fmean(base.errors[test_set]),
-                        mine.versus))
+        out.append(Pair(name, against, _mean(mine.errors[test_set]), _mean(base.errors[test_set]), mine.versus))
     return out
 
 
@@ -171,10 +168,18 @@ def pairs_markdown(table: Sequence[Pair], test_set: str) -> str:
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for p in table:
         v = p.versus
+        if not v:
+            lines.append(f"| {p.system} | {p.against} | {_or_dash(p.system_error)} | {_or_dash(p.against_error)} | "
+                         "| no finished run of both yet | | |")
+            continue
         lines.append(f"| {p.system} | {p.against} | {p.system_error:.2f} | {p.against_error:.2f} | "
                      f"{p.system_error - p.against_error:+.2f} | {v['probability_of_improvement']:.3f} | "
                      f"{v['matched_pairs_p']:.3g} | {v['sign_p']:.3g} |")
     return "\n".join(lines)
+
+
+def _or_dash(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def splice(document: str, name: str, text: str) -> str:

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The unit comparison of RESULTS.md on the built-in corpus: every MINI config at seeds 1-3 on the phone
+# task, Li-BRU, Li-GRU and LSTM at seeds 1-3 on the word task, each trained until its dev error stops
+# improving; then the tables (with the papers' comparisons as named pairs) and the figures.
+#
+#   recipes/mini_timit/run_study.sh                 # everything not yet finished (about 8 h on 2 cores)
+#   recipes/mini_timit/run_study.sh --stage 3       # only the tables and figures, from the runs so far
+#
+# The schedule (the budget): at most 24 epochs, as the papers' TIMIT recipes; the rate halves after an
+# epoch that does not improve the dev frame error by 0.1 % (relative), as in the papers; a run stops
+# after 2 epochs in a row without a new best dev frame error, and its best epoch's weights are decoded
+# ([exp] patience, cfg/README.md). Everything else is each config's own.
+#
+# Stages (a killed stage resumes where it stopped: compare.py skips finished runs and run_exp.py
+# resumes an unfinished one from its last checkpoint):
+#   1 phones   compare.py sweep of the MINI configs -> <out>/phones/<config>/seed<N>
+#   2 words    compare.py sweep of MINIW_liBRU, MINIW_liGRU, MINIW_LSTM -> <out>/words/...
+#   3 tables   compare.py table of both into RESULTS.md's generated sections; figures into results/
+
+# Begin configuration section.
+stage=1
+stop_stage=3
+seeds=1,2,3
+jobs=2              # runs at a time, each with cores / jobs threads
+out=exp/study
+epochs=24
+patience=2
+# End configuration section.
+
+set -euo pipefail
+
+usage() {
+  cat >&2 <<USAGE
+Usage: $0 [options]
+ e.g.: $0 --stage 3
+Options (defaults in brackets):
+  --stage N [$stage]  --stop-stage N [$stop_stage]   first and last stage to run (1-3)
+  --seeds LIST [$seeds]   --jobs N [$jobs]   --out DIR [$out]
+  --epochs N [$epochs]   --patience N [$patience]   the schedule's budget and stopping rule
+USAGE
+  exit 1
+}
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --stage) stage=$2; shift 2 ;;
+    --stop-stage) stop_stage=$2; shift 2 ;;
+    --seeds) seeds=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --epochs) epochs=$2; shift 2 ;;
+    --patience) patience=$2; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "$0: unknown option $1" >&2; usage ;;
+  esac
+done
+
+cd "$(dirname "$0")/../.."  # the repository: compare.py, cfg/ and RESULTS.md are read from there
+schedule=(--exp,n_epochs_tr=$epochs --exp,patience=$patience)
+
+phones=(cfg/MINI_liBRU.cfg cfg/MINI_liGRU.cfg cfg/MINI_liBRU_bi.cfg cfg/MINI_liGRU_bi.cfg cfg/MINI_liGRU_bi3.cfg
+        cfg/MINI_LBRU.cfg cfg/MINI_GRU.cfg cfg/MINI_GRU_bi.cfg cfg/MINI_LSTM.cfg
+        cfg/MINI_UBRU.cfg cfg/MINI_UBRU_kalman.cfg cfg/MINI_UBRU_hmm.cfg cfg/MINI_UBRU_bi.cfg cfg/MINI_liGRU_UBRU.cfg)
+words=(cfg/MINIW_liBRU.cfg cfg/MINIW_liGRU.cfg cfg/MINIW_LSTM.cfg)
+
+# The papers' comparisons, system:against (RESULTS.md says which paper and table each one checks).
+phone_pairs=MINI_liBRU:MINI_liGRU,MINI_liBRU_bi:MINI_liGRU_bi
+phone_pairs+=,MINI_UBRU_kalman:MINI_UBRU,MINI_UBRU_hmm:MINI_UBRU,MINI_UBRU_kalman:MINI_UBRU_bi,MINI_UBRU_hmm:MINI_UBRU_bi
+phone_pairs+=,MINI_liGRU_UBRU:MINI_liGRU_bi,MINI_liGRU_UBRU:MINI_liGRU_bi3
+phone_pairs+=,MINI_LBRU:MINI_GRU_bi,MINI_LBRU:MINI_GRU
+word_pairs=MINIW_liBRU:MINIW_liGRU,MINIW_LSTM:MINIW_liGRU
+
+if [ $stage -le 1 ] && [ $stop_stage -ge 1 ]; then
+  echo "$(date '+%F %T') Stage 1: phones"
+  python compare.py sweep "${phones[@]}" --seeds $seeds --jobs $jobs --out $out/phones --baseline MINI_liGRU \
+    "${schedule[@]}"
+fi
+
+if [ $stage -le 2 ] && [ $stop_stage -ge 2 ]; then
+  echo "$(date '+%F %T') Stage 2: words"
+  python compare.py sweep "${words[@]}" --seeds $seeds --jobs $jobs --out $out/words --baseline MINIW_liGRU \
+    "${schedule[@]}"
+fi
+
+if [ $stage -le 3 ] && [ $stop_stage -ge 3 ]; then
+  echo "$(date '+%F %T') Stage 3: tables"
+  python compare.py table $out/phones --baseline MINI_liGRU --pairs $phone_pairs \
+    --markdown RESULTS.md --section study-phones --plots results/study_phones
+  if [ -d $out/words ]; then
+    python compare.py table $out/words --baseline MINIW_liGRU --pairs $word_pairs \
+      --markdown RESULTS.md --section study-words --plots results/study_words
+  fi
+fi
