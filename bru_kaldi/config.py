@@ -73,6 +73,7 @@ DEVICES = ("auto", "cpu", "cuda")  # auto: CUDA when available
 LONG_UTTERANCES = ("split", "cut", "drop")
 BATCH_UNITS = ("utterances", "frames")  # what batch_size_train counts; frames: shuffled single frames
 DROPOUT_PLACES = ("input", "inside")  # see Architecture.dropout_at
+INPUT_NORMS = ("none", "batch", "layer", "layer+batch")  # see Architecture.input_norm (models.norm.InputNorm)
 OPTIMIZERS = ("sgd", "adam", "rmsprop", "adadelta")  # bru_kaldi.training.make_optimizer
 DECODERS = ("auto", "kaldi", "python")  # auto: Kaldi when its binaries are on PATH (bru_kaldi.decoding)
 
@@ -172,6 +173,10 @@ class Architecture:
     # one value for every layer, or one per layer (models.per_layer expands them when the model is built)
     dropout: list[float] = field(default_factory=lambda: [0.0])
     norm: list[str] = field(default_factory=lambda: ["none"])  # none, batch or layer
+    # a norm of the architecture's input features before its first layer (pytorch-kaldi's *_use_batchnorm_inp,
+    # *_use_laynorm_inp): batch (statistics over real frames, norm_momentum), layer (pytorch-kaldi's formula,
+    # (x - mean) / (unbiased std + 1e-6) per frame), or layer+batch (layer first, as pytorch-kaldi)
+    input_norm: str = choice(*INPUT_NORMS, default="none")
     bidirectional: list[bool] = field(default_factory=lambda: [False])
     backward: str = "none"  # ubru: none/kalman/hmm; ubru_tpami: none/unit; lbru: none/layer
     form: str = "log"  # bru, libru: log or prob
@@ -534,6 +539,9 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
         if (not a.sizes and not head_only) or (a.sizes and min(a.sizes) < 1):
             add(f"{where} sizes: expected positive layer sizes, got {a.sizes} (only an architecture named by "
                 f"[model] senone_arch / mono_arch and not in the stack may have none)")
+        if not a.sizes and a.input_norm != "none":
+            add(f"{where} input_norm = {a.input_norm}: an architecture without layers (an output layer alone) has no "
+                f"input to normalise; expected none")
         _check_schedule(a.arch_lr_schedule, float, config.exp.n_epochs_tr, f"{where} arch_lr_schedule", add)
         if not 0 < a.norm_momentum <= 1:
             add(f"{where} norm_momentum: expected a fraction in (0, 1], got {a.norm_momentum}")

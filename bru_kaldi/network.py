@@ -106,14 +106,15 @@ INNER_DROPOUT_UNITS = ("lstm", "gru", "ligru", "rnn", "mlp")
 
 
 def _build_stack(arch: Architecture, input_size: int, sizes):
-    """``arch``'s layers: its unit and options, its dropout where ``dropout_at`` puts it, its batch-norm
-    momentum."""
+    """``arch``'s layers: its unit and options, its dropout where ``dropout_at`` puts it, its input norm, its
+    batch-norm momentum (the input norm's too)."""
     inside = arch.dropout_at == "inside"
     if inside and arch.unit not in INNER_DROPOUT_UNITS and any(arch.dropout):
         raise ConfigError(f"dropout_at = inside: unit {arch.unit} has no candidate state to drop "
                           f"(units that do: {', '.join(INNER_DROPOUT_UNITS)})")
     stack = models.build_stack(arch.unit, input_size, sizes, dropout=0.0 if inside else arch.dropout, norm=arch.norm,
-                               bidirectional=arch.bidirectional, options=unit_options(arch))
+                               bidirectional=arch.bidirectional, options=unit_options(arch),
+                               input_norm=None if arch.input_norm == "none" else arch.input_norm)
     for layer, p in zip(stack.layers, arch.dropout):
         for cell in getattr(layer, "cells", ()):
             if inside:

@@ -74,7 +74,7 @@ import torch
 
 from models.bru import BRUCell, LiBRUCell
 from models.gated import GRUCell, LiGRUCell, LSTMCell, MGUCell, MLPCell, RNNCell
-from models.norm import NORMS
+from models.norm import INPUT_NORMS, NORMS
 from models.recurrent import Cell, RecurrentLayer, RecurrentStack
 from models.tpami import LBRUCell, UBRUTpamiCell
 from models.ubru import UBRUCell
@@ -221,8 +221,11 @@ def build_stack(
     norm: Union[Optional[str], Sequence[Optional[str]]] = None,
     bidirectional: Union[bool, Sequence[bool]] = False,
     options: Union[dict, Sequence[dict], None] = None,
+    input_norm: Optional[str] = None,
 ) -> RecurrentStack:
-    """Build a stack of layers; every argument is one value for all layers or a list with one per layer.
+    """Build a stack of layers; every argument is one value for all layers or a list with one per layer,
+    except ``input_norm`` (``None``, ``"batch"``, ``"layer"``, ``"layer+batch"``), the norm of the stack's
+    input features before its first layer (:class:`models.norm.InputNorm`).
 
     Shapes: ``(B, T, input_size)`` -> ``(B, T, output_size)`` (``sizes[-1]``, doubled if the last layer
     is bidirectional).
@@ -235,6 +238,8 @@ def build_stack(
     count = len(sizes)
     if count == 0:
         raise ValueError("sizes must name at least one layer")
+    if input_norm not in INPUT_NORMS:
+        raise ValueError(f"input_norm must be one of {INPUT_NORMS}, got {input_norm!r}")
     units = per_layer("units", units, count)
     dropouts = per_layer("dropout", dropout, count)
     norms = per_layer("norm", norm, count)
@@ -245,7 +250,7 @@ def build_stack(
         layer = build(unit, input_size, size, bidirectional=bidir, dropout=drop, norm=nrm, **extra)
         layers.append(layer)
         input_size = layer.output_size
-    return RecurrentStack(layers)
+    return RecurrentStack(layers, input_norm)
 
 
 __all__ = ["UNITS", "BAYESIAN_UNITS", "build", "build_stack", "cell_options", "per_layer", "variants", "RecurrentLayer",

@@ -1,4 +1,5 @@
-"""Normalisation of feed-forward projections whose statistics ignore padded frames."""
+"""Normalisation of feed-forward projections whose statistics ignore padded frames, and of an
+architecture's input features (:class:`InputNorm`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from torch.nn import functional as F
 from models.fast.native import native_ops
 
 NORMS = (None, "batch", "layer")
+# Norms of an architecture's input features (InputNorm): pytorch-kaldi's *_use_batchnorm_inp,
+# *_use_laynorm_inp, and both (layer norm first, as its LSTM, GRU, liGRU, RNN and MLP classes apply them).
+INPUT_NORMS = (None, "batch", "layer", "layer+batch")
 
 
 def _normalise(x, mean, inv_std, weight, bias):
@@ -155,3 +159,62 @@ def make_norm(kind: Optional[str], num_features: int, block: int) -> Optional[nn
     if kind == "layer":
         return BlockLayerNorm(num_features, block)
     raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")
+
+
+class FeatureLayerNorm(nn.Module):
+    """pytorch-kaldi's own ``LayerNorm`` (``neural_networks.py``), which is not ``torch.nn.LayerNorm``: over
+    the last dimension, ``gamma (x - mean) / (std + eps) + beta`` with ``std`` the *unbiased* standard
+    deviation (divided by ``F - 1``) and ``eps = 1e-6`` added to it, not to the variance. Frame-local, so
+    padding cannot leak in.
+
+    Shapes: ``x`` ``(..., F)``, ``F >= 2`` -> ``(..., F)``.
+
+    >>> norm = FeatureLayerNorm(3)
+    >>> [round(v, 4) for v in norm(torch.tensor([[1.0, 2.0, 3.0]]))[0].tolist()]
+    [-1.0, 0.0, 1.0]
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(num_features))  # pytorch-kaldi's gamma
+        self.bias = nn.Parameter(torch.zeros(num_features))  # beta
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.size(-1) < 2:
+            raise ValueError(f"layer norm of the input needs at least 2 features (its deviation is over them), "
+                             f"got {x.size(-1)}")
+        mean = x.mean(-1, keepdim=True)
+        return torch.addcmul(self.bias, self.weight, (x - mean) / (x.std(-1, keepdim=True) + self.eps))
+
+
+class InputNorm(nn.Module):
+    """The norm of an architecture's input features, before its first layer: pytorch-kaldi's
+    ``*_use_laynorm_inp`` (:class:`FeatureLayerNorm`) and ``*_use_batchnorm_inp`` (its
+    ``BatchNorm1d(momentum=0.05)``, here :class:`MaskedBatchNorm`, whose statistics leave padded frames
+    out); ``"layer+batch"`` applies the layer norm, then the batch norm, as pytorch-kaldi does with both.
+
+    Shapes: ``x`` ``(B, T, F)``, ``mask`` ``(B, T)`` bool or ``None`` (every frame real) -> ``(B, T, F)``.
+
+    >>> norm = InputNorm(4, "layer+batch")
+    >>> norm(torch.randn(2, 3, 4), torch.tensor([[True, True, True], [True, False, False]])).shape
+    torch.Size([2, 3, 4])
+    """
+
+    def __init__(self, num_features: int, kind: str, momentum: float = 0.05):
+        super().__init__()
+        if kind not in INPUT_NORMS or kind is None:
+            raise ValueError(f"input norm must be one of {INPUT_NORMS[1:]}, got {kind!r}")
+        self.kind = kind
+        self.layer = FeatureLayerNorm(num_features) if "layer" in kind else None
+        self.batch = MaskedBatchNorm(num_features, momentum=momentum) if "batch" in kind else None
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.layer is not None:
+            x = self.layer(x)
+        if self.batch is not None:
+            x = self.batch(x, mask)
+        return x
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind!r}"

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models.norm import make_norm
+from models.norm import InputNorm, make_norm
 
 State = tuple[torch.Tensor, ...]
 
@@ -344,6 +344,9 @@ class RecurrentLayer(nn.Module):
 class RecurrentStack(nn.Module):
     """Layers applied in order; each takes the previous one's output.
 
+    ``input_norm`` (``None``, ``"batch"``, ``"layer"``, ``"layer+batch"``: :class:`models.norm.InputNorm`)
+    normalises the stack's input features before the first layer, batch-norm statistics over real frames.
+
     Shapes: ``x`` ``(B, T, F)``, ``lengths`` ``(B,)`` -> ``(B, T, layers[-1].output_size)``.
 
     >>> import models
@@ -352,15 +355,20 @@ class RecurrentStack(nn.Module):
     torch.Size([2, 5, 6])
     """
 
-    def __init__(self, layers: Sequence[nn.Module]):
+    def __init__(self, layers: Sequence[nn.Module], input_norm: Optional[str] = None):
         super().__init__()
         if not layers:
             raise ValueError("a stack needs at least one layer")
         self.layers = nn.ModuleList(layers)
         self.input_size = layers[0].input_size
         self.output_size = layers[-1].output_size
+        self.input_norm = None if input_norm is None else InputNorm(self.input_size, input_norm)
 
     def forward(self, x: torch.Tensor, lengths) -> torch.Tensor:
+        if self.input_norm is not None:
+            lengths, mask = check_inputs(x, lengths, self.input_size)
+            padded = bool(len(lengths)) and int(lengths.min()) < x.size(1)
+            x = self.input_norm(x, mask if padded else None)
         for layer in self.layers:
             x = layer(x, lengths)
         return x

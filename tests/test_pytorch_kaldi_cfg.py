@@ -339,3 +339,46 @@ def test_res_res_reads_by_name_and_converts_to_pytorch_kaldis_positional_lines(t
     res.write_text("epoch=001 train_loss=1\nnot a result line\n")
     with pytest.raises(ValueError, match=r"res.res, line 2: expected an epoch line"):
         read_res(res)
+
+
+@pytest.mark.parametrize("name, options, kind", [("LSTM", ["lstm_use_batchnorm_inp"], "batch"),
+                                                  ("MLP", ["dnn_use_laynorm_inp"], "layer"),
+                                                  ("LSTM", ["lstm_use_laynorm_inp", "lstm_use_batchnorm_inp"], "layer+batch")],
+                         ids=["lstm-batchnorm", "mlp-laynorm", "lstm-both"])
+def test_input_norms_convert_and_train(name, options, kind, env, tmp_path):
+    """``<p>_use_batchnorm_inp`` / ``<p>_use_laynorm_inp = True`` become ``input_norm`` (both: layer norm first,
+    pytorch-kaldi's order), a norm of the architecture's input before its first layer (batch norm with
+    pytorch-kaldi's momentum 0.05); the config converts and trains an epoch on the tiny corpus, and the
+    trained weights hold the norm's parameters."""
+    text = CONFIGS[name]
+    for option in options:
+        assert f"{option} = False" in text
+        text = text.replace(f"{option} = False", f"{option} = True", 1)
+    path = write(tmp_path, name, text)
+    converted = run(env, tmp_path / "exp", "--convert", config=path).stdout
+    assert f"\ninput_norm = {kind}\n" in converted, converted
+    config = parse_config(path)
+    model, _ = build_model(config, input_dim=5, num_pdfs=31, num_mono=7 if name == "LSTM" else None)
+    norm = model.stacks[0].input_norm
+    assert norm is not None and norm.kind == kind
+    assert (norm.batch is not None) == ("batch" in kind) and (norm.layer is not None) == ("layer" in kind)
+    if norm.batch is not None:
+        assert norm.batch.momentum == 0.05
+    assert all(stack.input_norm is None for stack in model.stacks[1:])
+    run(env, tmp_path / "exp", "--stop-stage", "train", config=path)
+    assert len([line for line in (tmp_path / "exp" / "res.res").read_text().splitlines() if line.startswith("epoch=")]) == 1
+    trained = torch.load(tmp_path / "exp" / "final.pt", map_location="cpu", weights_only=True)["model"]
+    for part in ("layer", "batch"):
+        keys = [k for k in trained if k.startswith(f"stacks.0.input_norm.{part}.")]
+        assert bool(keys) == (part in kind), keys
+    if "batch" in kind:  # the running statistics moved away from their start (0, 1)
+        assert trained["stacks.0.input_norm.batch.running_mean"].abs().max() > 0
+
+
+def test_an_input_norm_on_an_output_layer_alone_is_refused(env, tmp_path):
+    text = CONFIGS["LSTM"]
+    start = text.index("arch_name = MLP_cd")
+    text = text[:start] + text[start:].replace("dnn_use_batchnorm_inp = False", "dnn_use_batchnorm_inp = True", 1)
+    with pytest.raises(ConfigError, match=r"\[architecture2\] dnn_use_laynorm_inp / dnn_use_batchnorm_inp = True: an "
+                                          r"architecture that is an output layer alone \(N_out_lab_cd\)"):
+        parse_config(write(tmp_path, "head", text))

@@ -85,3 +85,85 @@ def test_inside_dropout_is_one_unscaled_mask_per_sequence():
         assert state[-1] is not None and torch.equal(cell.step(proj, state)[1][-1], state[-1])
         cell.eval()
         assert cell.initial_state(proj)[-1].tolist() == [[0.75]]
+
+
+
+def pytorch_kaldi_input_norm(x, real, kind, ln=None, bn=None):
+    """float64 NumPy transcription of pytorch-kaldi's input norms (neural_networks.py, LSTM.forward): ``ln0``,
+    its LayerNorm, ``gamma (x - mean) / (std + 1e-6) + beta`` with the unbiased std over the features; then
+    ``bn0``, BatchNorm1d (eps 1e-5) in training mode, here over the real frames only (``bn = (weight,
+    bias)``), or in evaluation mode (``bn = (weight, bias, running_mean, running_var)``).
+    ``x`` (B, T, F), ``real`` (B, T) bool. Returns the normalised x and the batch mean and biased variance."""
+    mean = var = None
+    if "layer" in kind:
+        gamma, beta = ln
+        x = gamma * (x - x.mean(-1, keepdims=True)) / (x.std(-1, ddof=1, keepdims=True) + 1e-6) + beta
+    if "batch" in kind:
+        weight, bias, *running = bn
+        frames = x[real]  # (N, F): padding left out of the statistics
+        mean, var = running if running else (frames.mean(0), frames.var(0))
+        x = (x - mean) / np.sqrt(var + 1e-5) * weight + bias
+    return x, mean, var
+
+
+def numpy_lstm(x, W, b, U, b_hh):
+    """PyTorch's LSTM (gates i, f, g, o), one direction, float64: the layer the input norm feeds."""
+    H = U.shape[1]
+    h, c, out = np.zeros((x.shape[0], H)), np.zeros((x.shape[0], H)), []
+    sigmoid = lambda a: 0.5 * (1 + np.tanh(a / 2))  # noqa: E731
+    for t in range(x.shape[1]):
+        a = x[:, t] @ W.T + b + h @ U.T + b_hh
+        i, f, g, o = sigmoid(a[:, :H]), sigmoid(a[:, H:2 * H]), np.tanh(a[:, 2 * H:3 * H]), sigmoid(a[:, 3 * H:])
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        out.append(h)
+    return np.stack(out, 1)
+
+
+@pytest.mark.parametrize("kind", ["batch", "layer", "layer+batch"])
+def test_input_norm_is_pytorch_kaldis_with_padding_left_out(kind):
+    """An lstm stack with ``input_norm`` (pytorch-kaldi's ``lstm_use_batchnorm_inp`` / ``lstm_use_laynorm_inp``,
+    both: layer norm first) equals the transcription above to 1e-10 in float64, in training mode with garbage
+    in the padded frames: they enter neither the batch statistics nor the output (zero there). The running
+    statistics move by the momentum (pytorch-kaldi's 0.05) towards the real frames' mean and unbiased
+    variance, and evaluation uses them."""
+    rng = np.random.default_rng(1)
+    B, T, F, H = 3, 7, 5, 4
+    lengths = np.array([7, 3, 5])
+    real = np.arange(T)[None, :] < lengths[:, None]
+    x = rng.standard_normal((B, T, F)) * 2 + 1
+    x[~real] = 1e3 * rng.standard_normal((int((~real).sum()), F))  # garbage padding
+    torch.manual_seed(0)
+    stack = models.build_stack("lstm", F, [H], input_norm=kind).double().train()
+    norm = stack.input_norm
+    numpy = lambda *tensors: [t.detach().numpy() for t in tensors]  # noqa: E731
+    with torch.no_grad():  # scales and shifts away from 1 and 0, so that each is seen at work
+        for module in (norm.layer, norm.batch):
+            if module is not None:
+                module.weight.copy_(torch.from_numpy(rng.uniform(0.5, 1.5, F)))
+                module.bias.copy_(torch.from_numpy(rng.standard_normal(F)))
+    ln = numpy(norm.layer.weight, norm.layer.bias) if norm.layer is not None else None
+    bn = numpy(norm.batch.weight, norm.batch.bias) if norm.batch is not None else None
+    if norm.batch is not None:
+        norm.batch.momentum = 0.05
+    layer = stack.layers[0]
+    params = numpy(layer.proj.weight, layer.proj.bias, layer.cells[0].recurrent.weight, layer.cells[0].recurrent.bias)
+    normalised, mean, var = pytorch_kaldi_input_norm(x, real, kind, ln, bn)
+    got = stack(torch.from_numpy(x), torch.from_numpy(lengths)).detach().numpy()
+    np.testing.assert_allclose(got[real], numpy_lstm(normalised, *params)[real], rtol=0, atol=1e-10)
+    assert np.all(got[~real] == 0)
+    if norm.batch is not None:
+        n = real.sum()
+        np.testing.assert_allclose(norm.batch.running_mean.numpy(), 0.05 * mean, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(norm.batch.running_var.numpy(), 0.95 + 0.05 * var * n / (n - 1), rtol=0, atol=1e-12)
+        # with the padding in the statistics (BatchNorm1d on the padded batch) the mean would differ
+        every_frame = pytorch_kaldi_input_norm(x, np.ones_like(real), kind, ln, bn)[1]
+        assert np.abs(every_frame - mean).max() > 0.1
+        stack.eval()
+        running = bn + numpy(norm.batch.running_mean, norm.batch.running_var)
+        expected = numpy_lstm(pytorch_kaldi_input_norm(x, real, kind, ln, running)[0], *params)
+        got = stack(torch.from_numpy(x), torch.from_numpy(lengths)).detach().numpy()
+        np.testing.assert_allclose(got[real], expected[real], rtol=0, atol=1e-10)
+    if norm.layer is not None:  # torch.nn.LayerNorm's formula (eps on the biased variance) gives another result
+        plain = (norm.layer(torch.from_numpy(x[real])).detach().numpy() - ln[1]) / ln[0]
+        assert np.abs(plain - torch.nn.functional.layer_norm(torch.from_numpy(x[real]), (F,)).numpy()).max() > 1e-2

@@ -102,10 +102,14 @@ def translate_architecture(options: dict, where: str) -> Translated:
     if any(lns) and unit != "mlp":
         notes.append(f"{where} {prefix}_use_laynorm: our layer norm normalises each gate's projection W x, "
                      "pytorch-kaldi's the hidden state after each step")
-    for option in (f"{prefix}_use_laynorm_inp", f"{prefix}_use_batchnorm_inp"):
-        if _bool(options.get(option, "False")):
-            problems.append(f"{where} {option} = True: a trainable norm of the architecture's input is not supported "
-                            "(the features are normalised with the training set's mean and variance)")
+    # the norm of the architecture's input: layer norm first when both are on, as pytorch-kaldi's forward does
+    input_layer, input_batch = (_bool(options.get(f"{prefix}_use_{kind}_inp", "False")) for kind in ("laynorm", "batchnorm"))
+    if (input_layer or input_batch) and not lays:
+        problems.append(f"{where} {prefix}_use_laynorm_inp / {prefix}_use_batchnorm_inp = True: an architecture that is "
+                        f"an output layer alone ({output_of}) takes no input norm here; put it on the architecture "
+                        "that feeds it")
+    elif input_layer or input_batch:
+        out["input_norm"] = "layer+batch" if input_layer and input_batch else "layer" if input_layer else "batch"
     if lays:
         if unit in FIXED_ACT:
             if any(a != FIXED_ACT[unit] for a in acts):
