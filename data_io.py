@@ -115,17 +115,17 @@ def label_names(config: Config) -> list[str]:
 
 
 def dataset_for(config: Config, name: str, with_labels: bool) -> Dataset:
-    """The streams of data set ``name`` that the model uses: ``[model] inputs`` in that order (all of
-    them when empty), and the senone (and monophone) labels when ``with_labels``."""
+    """The streams of data set ``name`` that the model uses: ``[model] inputs`` in that order (all of them when
+    empty) and, with the labels, ``mse_target`` after them unless it is one; the labels when ``with_labels``."""
     dataset = config.dataset(name)
-    fea = list(dataset.fea)
-    if config.model.inputs:
-        streams = {s.fea_name: s for s in fea}
-        for wanted in config.model.inputs:
-            if wanted not in streams:
-                raise ConfigError(f"{config.source} [model] inputs: dataset {name} has no feature stream {wanted!r}; "
-                                  f"it has {sorted(streams)}")
-        fea = [streams[wanted] for wanted in config.model.inputs]
+    streams = {s.fea_name: s for s in dataset.fea}
+    target = [config.model.mse_target] if with_labels and config.model.mse_arch else []  # see training.feature_columns
+    names = list(dict.fromkeys((config.model.inputs or list(streams)) + target))
+    for wanted in names:
+        if wanted not in streams:
+            raise ConfigError(f"{config.source} [model] {'inputs' if wanted in config.model.inputs else 'mse_target'}: "
+                              f"dataset {name} has no feature stream {wanted!r}; it has {sorted(streams)}")
+    fea = [streams[wanted] for wanted in names]
     labels = label_names(config) if with_labels else []
     have = {s.lab_name for s in dataset.lab}
     for wanted in labels:

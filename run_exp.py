@@ -47,7 +47,7 @@ from bru_kaldi.config import Config, ConfigError, parse_config, parse_overrides,
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters, trained_architectures
-from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, gradient_norm, pick_device, epoch_rate, epochs_since_best, load_checkpoint, make_optimizer,
+from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, feature_columns, gradient_norm, pick_device, epoch_rate, epochs_since_best, load_checkpoint, make_optimizer,
                                 plot_learning_curve, save_checkpoint, save_tensors, seed_everything, stopped_early, warmup)
 from data_io import (Corpus, GlobalNorm, KaldiIOError, LoglikeWriter, dataset_for, fingerprint, loader_options,
                      log_priors, read_counts, write_counts)
@@ -95,8 +95,10 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
             exp.record_derived(inputs)  # last: a run killed before this recomputes them all
 
     num_mono = train_set.label_dims[config.model.mono_lab] if config.model.mono_lab != "none" else None
+    input_dim, target = feature_columns(config.model, train_set.sources)  # the inputs, then an mse target
     seed_everything(config.exp.seed)  # the initial weights
-    model, groups = build_model(config, train_set.feature_dim, train_set.label_dims[senone], num_mono)
+    model, groups = build_model(config, input_dim, train_set.label_dims[senone], num_mono,
+                                target.stop - target.start if target else None)
     model.to(device)
     archs = trained_architectures(config)
     optimizers = [make_optimizer(a.arch_opt, params, a.arch_lr, a) for a, params in zip(archs, groups)]
@@ -154,9 +156,9 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
                 empty = share is None  # fewer rows than ranks: a zero-weighted row keeps the ranks in step
                 share = (batch.select(slice(0, 1)) if empty else share).to(device, non_blocking=True)
                 with autocast(config, device):
-                    out = net(share.x, share.lengths)
+                    out = net(share.x[..., :input_dim], share.lengths)
                 loss, (loss_sum, errors, frames) = batch_loss(out, share.labels, config.model, batch.num_frames,
-                                                              dist.world)
+                                                              dist.world, share.x[..., target] if target else None)
                 for optimizer in optimizers:
                     optimizer.zero_grad(set_to_none=True)
                 (loss * 0 if empty else loss).backward()
@@ -215,7 +217,7 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
     if config.exp.patience and progress.history:
         keep_best_weights(model, exp, progress.history, config.exp.patience)
     if dist.main:
-        final = {"model": model.state_dict(), "input_dim": train_set.feature_dim, "num_pdfs": train_set.label_dims[senone],
+        final = {"model": model.state_dict(), "input_dim": input_dim, "num_pdfs": train_set.label_dims[senone],
                  "num_mono": num_mono or 0}
         save_tensors(final, exp.final)
         exp.mark("train")
@@ -243,14 +245,16 @@ def evaluate(net, corpus: Corpus, config: Config, device: torch.device, dist: Di
     """Mean senone cross-entropy and frame error over ``corpus`` (every rank scores its share)."""
     net.eval()
     totals = [0.0, 0, 0]
+    input_dim, target = feature_columns(config.model, corpus.sources)
     for batch in corpus.batches():
         share = dist.share(batch)
         if share is None:
             continue
         share = share.to(device)
         with autocast(config, device):
-            out = net(share.x, share.lengths)
-        _, (loss_sum, errors, frames) = batch_loss(out, share.labels, config.model, 1, 1)
+            out = net(share.x[..., :input_dim], share.lengths)
+        _, (loss_sum, errors, frames) = batch_loss(out, share.labels, config.model, 1, 1,
+                                                   share.x[..., target] if target else None)
         totals = [totals[0] + loss_sum, totals[1] + errors, totals[2] + frames]
     loss_sum, errors, frames = dist.sum(totals)
     return loss_sum / frames, errors / frames
@@ -274,7 +278,8 @@ def load_trained(config: Config, model_dir: Path, device: torch.device) -> Acous
 def forward(config: Config, exp: Experiment, model_dir: Path, device: torch.device) -> None:
     """Write log-likelihoods for every ``forward_with`` set: log posteriors - log priors (Kaldi's hybrid recipe)."""
     model = load_trained(config, model_dir, device)
-    norm = GlobalNorm.load(model_dir / "feature_norm.npz")
+    norm = GlobalNorm.load(model_dir / "feature_norm.npz")  # of the inputs first, then of an mse target
+    norm = GlobalNorm(norm.mean[:model.input_size], norm.std[:model.input_size])
     priors = None
     if config.forward.normalize_posteriors:
         counts_file = model_dir / "pdf_counts"

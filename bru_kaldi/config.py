@@ -224,6 +224,13 @@ class Model:
     # empty: the last of the stack. One not in the stack has no layers of its own (sizes empty).
     senone_arch: str = ""
     mono_arch: str = ""
+    # an auxiliary regression term, pytorch-kaldi's mse(out, fea): the output of the stack's architecture
+    # mse_arch against the feature stream mse_target (read with the inputs, normalised as they are, not fed to
+    # the network unless it is one of them), the squared error averaged over real frames and the stream's
+    # values, times mse_weight, added to the loss; empty: none
+    mse_arch: str = ""
+    mse_target: str = ""
+    mse_weight: float = 1.0
 
 
 @dataclass
@@ -564,6 +571,7 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
     for name in config.model.inputs:
         if name not in fea_names:
             add(str(_unknown("feature stream in inputs", name, fea_names, f"{src} [model]")))
+    _check_mse(config.model, fea_names, src, add)
     if config.forward.normalize_posteriors and config.forward.normalize_with_counts_from != config.model.senone_lab:
         add(f"{src} [forward] normalize_with_counts_from: the priors divide the senone posteriors, so it must "
             f"name [model] senone_lab = {config.model.senone_lab!r}, got {config.forward.normalize_with_counts_from!r}")
@@ -576,6 +584,23 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
             add(str(_unknown(f"label stream for {option}", value, lab_names, f"{src} [model]")))
     if problems is None:
         raise_problems(found, src)
+
+
+def _check_mse(model: Model, fea_names: set, src: str, add) -> None:
+    """``[model] mse_arch``, ``mse_target``, ``mse_weight``: both or neither, an architecture of the stack, a
+    feature stream, a weight >= 0."""
+    if bool(model.mse_arch) != bool(model.mse_target):
+        add(f"{src} [model] mse_arch, mse_target: the mse term needs both, the architecture whose output is "
+            f"compared and the feature stream it is compared with (got {model.mse_arch!r} and {model.mse_target!r})")
+        return
+    if not model.mse_arch:
+        return
+    if model.mse_arch not in model.stack:
+        add(str(_unknown("architecture for mse_arch (one of the stack)", model.mse_arch, model.stack, f"{src} [model]")))
+    if model.mse_target not in fea_names:
+        add(str(_unknown("feature stream for mse_target", model.mse_target, fea_names, f"{src} [model]")))
+    if not model.mse_weight >= 0:
+        add(f"{src} [model] mse_weight: expected a weight >= 0, got {model.mse_weight}")
 
 
 def _check_schedule(text: str, kind, epochs: int, where: str, add) -> None:

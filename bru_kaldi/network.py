@@ -136,12 +136,14 @@ def trained_architectures(config: Config) -> list[Architecture]:
     return [config.architecture(name) for name in names]
 
 
-def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optional[int]):
+def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optional[int], mse_dim: Optional[int] = None):
     """The acoustic model of ``[model] stack`` and the parameter groups of each architecture.
 
     Returns ``(model, groups)``: ``groups[i]`` holds the parameters of the i-th architecture of
     :func:`trained_architectures`; the senone output layer trains with ``[model] senone_arch``'s
-    optimiser, the monophone one with ``mono_arch``'s (each by default the last of the stack).
+    optimiser, the monophone one with ``mono_arch``'s (each by default the last of the stack). With
+    ``[model] mse_arch`` the model also returns that architecture's output (``"mse"``); ``mse_dim``, the
+    width of ``mse_target`` where it is known (training), must be that output's.
     """
     check_architectures(config)
     stacks, size = [], input_dim
@@ -149,7 +151,12 @@ def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optiona
         stack = _build_stack(config.architecture(name), size, config.architecture(name).sizes)
         stacks.append(stack)
         size = stack.output_size
-    model = AcousticModel(stacks, num_pdfs, num_mono)
+    mse_stack = config.model.stack.index(config.model.mse_arch) if config.model.mse_arch else None
+    if mse_stack is not None and mse_dim is not None and stacks[mse_stack].output_size != mse_dim:
+        raise ConfigError(f"{config.source} [model] mse_arch = {config.model.mse_arch}: its output has "
+                          f"{stacks[mse_stack].output_size} values per frame, the feature stream mse_target = "
+                          f"{config.model.mse_target} it is compared with has {mse_dim}; expected equal sizes")
+    model = AcousticModel(stacks, num_pdfs, num_mono, mse_stack)
     names = [a.arch_name for a in trained_architectures(config)]
     groups = [list(stack.parameters()) for stack in model.stacks] + [[] for _ in names[len(stacks):]]
     last = config.model.stack[-1]

@@ -51,27 +51,72 @@ def frame_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[tor
     return loss_sum, errors, int(real.sum())
 
 
-def batch_loss(out: dict, labels: dict, model: Model, global_frames: int, world: int = 1):
+def feature_columns(model: Model, sources: Sequence) -> tuple[int, Optional[slice]]:
+    """Where the features of a batch hold what, for a corpus of the feature streams ``sources`` (its
+    ``FeatureSource`` s, concatenated per frame in that order): ``[model] inputs``, then ``mse_target`` where it
+    is not one of them (``data_io.dataset_for`` picks them so). The network reads the first ``n`` columns;
+    ``mse_target`` is in the slice (``None`` without an mse term).
+
+    Returns ``(n, target columns or None)``.
+
+    >>> from types import SimpleNamespace as S
+    >>> fbank, mfcc = S(stream=S(fea_name="fbank"), dim=40), S(stream=S(fea_name="mfcc"), dim=13)
+    >>> feature_columns(Model(inputs=["fbank"], mse_arch="front_end", mse_target="mfcc"), [fbank, mfcc])
+    (40, slice(40, 53, None))
+    """
+    names, ends = [s.stream.fea_name for s in sources], np.cumsum([s.dim for s in sources]).tolist()
+    n = ends[len(model.inputs or names) - 1]  # without inputs every stream is one (the target too)
+    if not model.mse_arch:
+        return n, None
+    i = names.index(model.mse_target)
+    return n, slice(ends[i] - sources[i].dim, ends[i])
+
+
+def frame_squared_error(output: torch.Tensor, target: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """The squared error of ``output`` against ``target`` averaged over the values of each frame and
+    summed over the real frames: pytorch-kaldi's ``mse`` (``mean((out - fea)^2)``) times the number of
+    frames, with padded frames left out.
+
+    Shapes: ``output``, ``target`` ``(B, T, D)``, ``real`` ``(B, T)`` bool -> a scalar (float32 under autocast).
+
+    >>> out, target = torch.tensor([[[1.0, 2.0], [5.0, 5.0]]]), torch.tensor([[[0.0, 0.0], [0.0, 0.0]]])
+    >>> float(frame_squared_error(out, target, torch.tensor([[True, False]])))  # (1 + 4) / 2, padding left out
+    2.5
+    """
+    if output.shape != target.shape:
+        raise ValueError(f"an output of shape {tuple(output.shape)} compared with a target of shape {tuple(target.shape)}")
+    return (output.float() - target.float())[real].square().sum() / output.size(-1)
+
+
+def batch_loss(out: dict, labels: dict, model: Model, global_frames: int, world: int = 1,
+               target: Optional[torch.Tensor] = None):
     """The training loss of one batch (or this rank's share of it) and the senone statistics.
 
     Senone cross-entropy plus ``mono_weight`` x the monophone cross-entropy (pytorch-kaldi's
-    multi-task recipes), summed over this share's frames and divided by the frames of the *global*
-    batch, times ``world`` because DDP averages gradients over ranks: the gradient is exactly the
-    single-process one.
+    multi-task recipes) plus ``mse_weight`` x the squared error of ``out["mse"]`` against ``target``
+    (its ``mse``, :func:`frame_squared_error`), summed over this share's frames and divided by the frames
+    of the *global* batch, times ``world`` because DDP averages gradients over ranks: the gradient is
+    exactly the single-process one. Per frame that is pytorch-kaldi's ``loss_final``, e.g.
+    ``sum(cost_nll, mult_constant(mse, w))``.
 
     Args:
-        out: the model's logits, ``"senone"`` (and ``"mono"``) ``(B, T, C)``.
+        out: the model's logits, ``"senone"`` (and ``"mono"``) ``(B, T, C)``; ``"mse"`` ``(B, T, D)``.
         labels: the batch's label streams by name, ``(B, T)``.
-        model: ``[model]`` of the config (``senone_lab``, ``mono_lab``, ``mono_weight``).
+        model: ``[model]`` of the config (``senone_lab``, ``mono_lab``, ``mono_weight``, ``mse_weight``).
+        target: ``(B, T, D)``, the features ``out["mse"]`` is compared with (``[model] mse_target``).
 
     Returns:
         ``(loss, (loss_sum, errors, frames))``: the loss to backpropagate and the senone output's
-        summed loss, frame errors and frames on this share.
+        summed loss, frame errors and frames on this share (what ``res.res`` reports).
     """
     senone_sum, errors, frames = frame_cross_entropy(out["senone"], labels[model.senone_lab])
     total = senone_sum
     if "mono" in out:
         total = total + model.mono_weight * frame_cross_entropy(out["mono"], labels[model.mono_lab])[0]
+    if "mse" in out:
+        if target is None:
+            raise ValueError("the model has an mse output ([model] mse_arch) but the batch no mse_target features")
+        total = total + model.mse_weight * frame_squared_error(out["mse"], target, labels[model.senone_lab] != IGNORE)
     return total / global_frames * world, (float(senone_sum.detach()), errors, frames)
 
 

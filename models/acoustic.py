@@ -14,10 +14,12 @@ class AcousticModel(nn.Module):
     """Stacks of recurrent layers applied in order, then linear outputs over senones (and monophones).
 
     The monophone head is the auxiliary task of pytorch-kaldi's multi-task recipes: it shares every
-    recurrent layer and only adds its own output layer.
+    recurrent layer and only adds its own output layer. ``mse_stack = k`` also returns the output of
+    ``stacks[k]`` as ``"mse"``, what pytorch-kaldi's ``mse(out, fea)`` compares with a feature stream.
 
     Shapes: ``x`` ``(B, T, F)``, ``lengths`` ``(B,)`` -> dict of logits, ``"senone"`` ``(B, T, num_senones)``
-    and, when ``num_mono`` is set, ``"mono"`` ``(B, T, num_mono)``.
+    and, when ``num_mono`` is set, ``"mono"`` ``(B, T, num_mono)``; with ``mse_stack``, ``"mse"``
+    ``(B, T, stacks[mse_stack].output_size)``.
 
     >>> import models
     >>> stack = models.build_stack("libru", 13, [8, 8])
@@ -27,10 +29,14 @@ class AcousticModel(nn.Module):
     (torch.Size([2, 7, 20]), torch.Size([2, 7, 5]))
     """
 
-    def __init__(self, stacks: Sequence[RecurrentStack], num_senones: int, num_mono: Optional[int] = None):
+    def __init__(self, stacks: Sequence[RecurrentStack], num_senones: int, num_mono: Optional[int] = None,
+                 mse_stack: Optional[int] = None):
         super().__init__()
         if not stacks:
             raise ValueError("an acoustic model needs at least one stack of layers")
+        if mse_stack is not None and not 0 <= mse_stack < len(stacks):
+            raise ValueError(f"mse_stack must index one of the {len(stacks)} stacks, got {mse_stack}")
+        self.mse_stack = mse_stack
         for before, after in zip(stacks, stacks[1:]):
             if before.output_size != after.input_size:
                 raise ValueError(f"a stack of output size {before.output_size} feeds one of input size {after.input_size}")
@@ -41,9 +47,12 @@ class AcousticModel(nn.Module):
         self.input_size = stacks[0].input_size
 
     def forward(self, x: torch.Tensor, lengths) -> dict[str, torch.Tensor]:
-        for stack in self.stacks:
+        out = {}
+        for index, stack in enumerate(self.stacks):
             x = stack(x, lengths)
-        out = {"senone": self.senone(x)}
+            if index == self.mse_stack:
+                out["mse"] = x
+        out["senone"] = self.senone(x)
         if self.mono is not None:
             out["mono"] = self.mono(x)
         return out

@@ -13,7 +13,9 @@ from torch.nn import functional as F
 from models import fast
 from models.recurrent import Cell, RecurrentMatrixCell
 
-ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid, "softplus": F.softplus}
+# "linear": the identity (pytorch-kaldi's MLP act "linear", e.g. a layer regressing features for its mse)
+ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid, "softplus": F.softplus,
+               "linear": lambda x: x}
 
 
 class InnerDropout:

@@ -292,13 +292,13 @@ def test_every_unsupported_item_is_listed_in_one_error(env, tmp_path):
     text = (CONFIGS["liGRU"].replace("arch_class = liGRU", "arch_class = SRU")
             .replace("dnn_use_batchnorm_inp = False", "dnn_use_batchnorm_inp = True", 1)
             .replace("opt_weight_decay = 0.0\n\n[model]", "opt_weight_decay = 0.0\nopt_amsgrad = True\n\n[model]")
-            .replace("\terr_final=", "\tx=mse(out_dnn2,out_dnn3)\n\terr_final=")
+            .replace("\terr_final=", "\tx=avg(out_dnn2,out_dnn3)\n\terr_final=")
             .replace("[data_use]", "[optimization]\nlr = 1\n\n[data_use]"))
     with pytest.raises(ConfigError) as error:
         parse_config(write(tmp_path, "bad", text))
     message = str(error.value)
     for expected in ("arch_class = SRU: no equivalent here", "dnn_use_batchnorm_inp = True", "opt_amsgrad",
-                     "x=mse(...): not supported", "unknown section [optimization]"):
+                     "x=avg(...): not supported", "unknown section [optimization]"):
         assert expected in message, message
     assert "bad.cfg" in message and "[architecture1]" in message
 
@@ -382,3 +382,154 @@ def test_an_input_norm_on_an_output_layer_alone_is_refused(env, tmp_path):
     with pytest.raises(ConfigError, match=r"\[architecture2\] dnn_use_laynorm_inp / dnn_use_batchnorm_inp = True: an "
                                           r"architecture that is an output layer alone \(N_out_lab_cd\)"):
         parse_config(write(tmp_path, "head", text))
+
+
+# pytorch-kaldi's joint training (cfg/TIMIT_baselines/TIMIT_rev/TIMIT_joint_training_liGRU_fbank.cfg): a
+# front end regresses a second feature stream (there the clean fbank, here the MFCCs) through a linear MLP,
+# whose mse joins the senone and monophone costs, and the recogniser reads the front end's output.
+JOINT_MODEL = """
+[model]
+model_proto = proto/model.proto
+model = out_dnn1=compute(liGRU_SE,fbank)
+\tout_dnn_SE=compute(MLP_SE,out_dnn1)
+\tout_dnn2=compute(liGRU_SR,out_dnn_SE)
+\tout_dnn3=compute(MLP_cd,out_dnn2)
+\tout_dnn4=compute(MLP_mono,out_dnn2)
+\tloss_mono=cost_nll(out_dnn4,lab_mono)
+\tloss_mono_w=mult_constant(loss_mono,1.0)
+\tloss_se={mse}
+\tloss_se_w=mult_constant(loss_se,{weight})
+\tloss_cd=cost_nll(out_dnn3,lab_cd)
+\tloss_sum1=sum(loss_cd,loss_mono_w)
+\tloss_final=sum(loss_sum1,loss_se_w)
+\terr_final=cost_err(out_dnn3,lab_cd)
+"""
+JOINT_ARCHS = (arch(1, "liGRU_SE", "liGRU", "ligru", "8", "0.1", "True", "False", "relu", "0.002", "True", bidir="True")
+               + arch(2, "MLP_SE", "MLP", "dnn", "13", "0.0", "False", "False", "linear", "0.002", "False")
+               + arch(3, "liGRU_SR", "liGRU", "ligru", "8", "0.1", "True", "False", "relu", "0.002", "True", bidir="True")
+               + head(4, "MLP_cd", "lab_cd", "0.003") + head(5, "MLP_mono", "lab_mono", "0.001"))
+
+
+def joint(mse="mse(out_dnn_SE,mfcc)", weight="0.5", model=JOINT_MODEL):
+    return config(JOINT_ARCHS, model.format(mse=mse, weight=weight), out="out_dnn3")
+
+
+def test_mse_translates_to_an_auxiliary_term_of_the_chain(env, tmp_path):
+    """``mse(out, fea)`` weighted by ``mult_constant`` and summed into ``loss_final``: the architecture whose
+    output it compares (in the stack, not fed by the target stream), the stream and the weight; the model
+    returns that architecture's output, whose size must be the stream's; either operand order."""
+    for mse in ("mse(out_dnn_SE,mfcc)", "mse(mfcc,out_dnn_SE)"):
+        config = parse_config(write(tmp_path, "joint", joint(mse=mse)))
+        m = config.model
+        assert (m.mse_arch, m.mse_target, m.mse_weight) == ("MLP_SE", "mfcc", 0.5)
+        assert m.stack == ["liGRU_SE", "MLP_SE", "liGRU_SR"] and m.inputs == ["fbank"]
+        assert (m.mono_lab, m.mono_weight, m.senone_lab) == ("lab_mono", 1.0, "lab_cd")
+        assert config.architecture("MLP_SE").activation == "linear" and config.architecture("MLP_SE").sizes == [13]
+    assert "mse averages the squared error over real frames only" in " ".join(config.notes)
+    model, _ = build_model(config, input_dim=5, num_pdfs=31, num_mono=7, mse_dim=13)
+    model.eval()
+    x, lengths = torch.randn(2, 6, 5), torch.tensor([6, 4])
+    out = model(x, lengths)
+    front_end = model.stacks[1](model.stacks[0](x, lengths), lengths)
+    assert out["mse"].shape == (2, 6, 13)
+    torch.testing.assert_close(out["mse"], front_end, rtol=0, atol=0)
+    assert torch.all(front_end[1, 4:] == 0) and (front_end < 0).any(), "linear: negative values, padding zero"
+    with pytest.raises(ConfigError, match=r"mse_arch = MLP_SE: its output has 13 values per frame, the feature "
+                                          r"stream mse_target = mfcc it is compared with has 40"):
+        build_model(config, input_dim=5, num_pdfs=31, num_mono=7, mse_dim=40)
+
+
+def test_the_mse_term_is_pytorch_kaldis_on_real_frames():
+    """The loss is sum(CE_cd) + w_mono sum(CE_mono) + w sum over real frames of mean over values of
+    (out - target)^2, over the frames of the batch: per frame pytorch-kaldi's loss_final, mean((out - fea)^2)
+    for the mse; garbage in the padding (output and target) changes nothing and gets no gradient."""
+    from bru_kaldi.batching import IGNORE
+    from bru_kaldi.config import Model
+    from bru_kaldi.training import batch_loss
+
+    generator = torch.Generator().manual_seed(0)
+    B, T, D = 2, 5, 3
+    lengths = torch.tensor([5, 2])
+    real = torch.arange(T) < lengths[:, None]
+    labels = {name: torch.randint(0, n, (B, T), generator=generator).masked_fill(~real, IGNORE)
+              for name, n in (("lab_cd", 7), ("lab_mono", 4))}
+    out = {"senone": torch.randn(B, T, 7, generator=generator, dtype=torch.float64),
+           "mono": torch.randn(B, T, 4, generator=generator, dtype=torch.float64),
+           "mse": torch.randn(B, T, D, generator=generator, dtype=torch.float64, requires_grad=True)}
+    target = torch.randn(B, T, D, generator=generator, dtype=torch.float64)
+    target[~real] = 1e3
+    model = Model(senone_lab="lab_cd", mono_lab="lab_mono", mono_weight=0.3, mse_arch="A", mse_target="f", mse_weight=0.5)
+    loss, (loss_sum, errors, frames) = batch_loss(out, labels, model, global_frames=7, target=target)
+    ce = lambda logits, lab: torch.nn.functional.cross_entropy(logits[real], lab[real], reduction="sum")  # noqa: E731
+    squared = sum(((out["mse"][b, :n] - target[b, :n]) ** 2).mean(-1).sum() for b, n in enumerate(lengths.tolist()))
+    expected = (ce(out["senone"], labels["lab_cd"]) + 0.3 * ce(out["mono"], labels["lab_mono"]) + 0.5 * squared) / 7
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=0)
+    assert frames == 7 and loss_sum == pytest.approx(float(ce(out["senone"], labels["lab_cd"])), rel=1e-6)
+    loss.backward()
+    assert torch.all(out["mse"].grad[~real] == 0) and torch.all(out["mse"].grad[real] != 0)
+    torch.testing.assert_close(out["mse"].grad[real], (0.5 * 2 * (out["mse"] - target) / (D * 7))[real].detach().float(),
+                               rtol=1e-5, atol=1e-9, check_dtype=False)
+    with pytest.raises(ValueError, match=r"mse output \(\[model\] mse_arch\) but the batch no mse_target features"):
+        batch_loss(out, labels, model, global_frames=7)
+
+
+def test_joint_training_with_mse_runs_end_to_end(env, tmp_path):
+    """The joint-training config converts, trains an epoch (the target stream read beside the input, not
+    fed to the network), writes log-likelihoods of the input alone and decodes to a %WER line."""
+    import data_io
+    from bru_kaldi.training import feature_columns
+
+    path = write(tmp_path, "joint", joint())
+    converted = run(env, tmp_path / "exp", "--convert", config=path).stdout
+    for line in ("mse_arch = MLP_SE", "mse_target = mfcc", "mse_weight = 0.5", "activation = linear", "inputs = fbank"):
+        assert f"\n{line}\n" in converted, converted
+    config = parse_config(path)
+    train = data_io.Corpus(data_io.dataset_for(config, "train", with_labels=True))
+    assert [s.fea_name for s in train.spec.fea] == ["fbank", "mfcc"]
+    assert feature_columns(config.model, train.sources) == (40, slice(40, 53))
+    test = data_io.dataset_for(config, "test", with_labels=False)
+    assert [s.fea_name for s in test.fea] == ["fbank"], "forward reads the inputs only"
+    run(env, tmp_path / "exp", config=path)
+    res = (tmp_path / "exp" / "res.res").read_text()
+    assert len([line for line in res.splitlines() if line.startswith("epoch=")]) == 1
+    assert re.search(r"^test: %WER \d+\.\d\d ", res, flags=re.M), res
+    trained = torch.load(tmp_path / "exp" / "final.pt", map_location="cpu", weights_only=True)
+    assert trained["input_dim"] == 40 and trained["model"]["stacks.1.layers.0.proj.weight"].shape[0] == 13
+    log = (tmp_path / "exp" / "log.txt").read_text()
+    assert "mse averages the squared error over real frames only" in log
+
+
+SIDE_BRANCH = JOINT_MODEL.replace("\tout_dnn2=", "\tout_side=compute(MLP_side,out_dnn1)\n\tout_dnn2=")
+SECOND_MSE = JOINT_MODEL.replace("\tloss_final=sum(loss_sum1,loss_se_w)", "\tloss_x=mse(out_dnn1,fbank)\n"
+                                 "\tloss_y=sum(loss_se_w,loss_x)\n\tloss_final=sum(loss_sum1,loss_y)")
+
+
+@pytest.mark.parametrize("model, expected", [
+    (joint(mse="mse(out_side,mfcc)", model=SIDE_BRANCH),
+     r"mse\(out_side,mfcc\): out_side is not the output of an architecture on the way from the features to the "
+     r"senone output \(liGRU_SE -> MLP_SE -> liGRU_SR -> MLP_cd\): a side branch of layers is not supported"),
+    (joint(mse="mse(out_dnn1,out_dnn_SE)"), r"mse\(out_dnn1,out_dnn_SE\): expected one feature stream \(the target: "
+                                             r"fbank, mfcc\) and one output of an architecture, got no feature streams"),
+    (joint(mse="mse(fbank,mfcc)"), r"mse\(fbank,mfcc\): expected one feature stream .* got two feature streams"),
+    (joint(mse="mse(out_dnn3,mfcc)"), r"out_dnn3 is the senone output, a softmax; expected the output of one of "
+                                      r"liGRU_SE, MLP_SE, liGRU_SR"),
+    (joint(model=SECOND_MSE), r"mse\(out_dnn1,fbank\): a second mse term \(the first compares MLP_SE\); only one "
+                              r"is supported"),
+], ids=["side-branch", "two-outputs", "two-streams", "senone-output", "second-mse"])
+def test_mse_forms_we_cannot_build_are_refused_with_what_is_expected(model, expected, env, tmp_path):
+    with pytest.raises(ConfigError, match=expected):
+        parse_config(write(tmp_path, "bad", model))
+
+
+def test_an_autoencoder_is_refused_naming_what_is_missing(env, tmp_path):
+    """pytorch-kaldi's TIMIT_MLP_fbank_autoencoder: loss_final is an mse alone, forward_out the code."""
+    model = ("\n[model]\nmodel_proto = proto/model.proto\nmodel = enc_out=compute(MLP_encoder,fbank)\n"
+             "\tdec_out=compute(MLP_decoder,enc_out)\n\tloss_final=mse(dec_out,fbank)\n\terr_final=cost_err(dec_out,lab_cd)\n")
+    archs = (arch(1, "MLP_encoder", "MLP", "dnn", "16", "0.0", "False", "False", "relu", "0.08", "False", opt="sgd")
+             + arch(2, "MLP_decoder", "MLP", "dnn", "40", "0.0", "False", "False", "linear", "0.08", "False", opt="sgd"))
+    with pytest.raises(ConfigError) as error:
+        parse_config(write(tmp_path, "autoencoder", config(archs, model, out="enc_out")))
+    message = str(error.value)
+    assert "loss_final: no cost_nll(enc_out,<label>) of the senone output ([forward] forward_out = enc_out) (an mse " \
+           "alone, e.g. an autoencoder, trains no senone output to decode" in message, message
+    assert "err_final: expected cost_err(enc_out," in message

@@ -99,7 +99,7 @@ def translate(text: str, source: str = "<string>", overrides: Sequence[tuple[str
         raise ValueError(f"{source}: a pytorch-kaldi config with {len(problems)} unsupported item(s) (all listed; "
                          "`cfg/README.md` maps its options to ours):\n  " + "\n  ".join(problems))
     units = {a.options.get("unit") for a in archs.values()}
-    notes += [line for key, line in DIFFERENCES.items() if key in units or key == "all"]
+    notes += [line for key, line in DIFFERENCES.items() if key in units or key == "all" or (key == "mse" and network.mse_arch)]
     return _write(out, archs, network), notes
 
 
@@ -146,6 +146,8 @@ def _network(network, archs: dict, out: dict, where: str, problems: list) -> Non
             problems.append(f"{where}: the monophone output compute({mono.name},...) must be one MLP layer "
                             f"N_out_{network.mono_lab} with softmax")
         model.update(mono_lab=network.mono_lab, mono_weight=str(network.mono_weight), mono_arch=mono.name)
+    if network.mse_arch:  # an architecture of the chain before the senone head: always in the stack
+        model.update(mse_arch=network.mse_arch, mse_target=network.mse_target, mse_weight=str(network.mse_weight))
     out["model"] = model
 
 

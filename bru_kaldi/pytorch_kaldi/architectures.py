@@ -21,7 +21,7 @@ NO_EQUIVALENT = ("CNN", "SincNet", "SRU", "QRNN", "QLSTM", "PASE", "minimalGRU",
                  "RNN_cudnn", "logMelFb", "channel_averaging", "fusionRNN_jit", "liGRU_layer", "FusionLinearConv")
 # the activation each recurrent unit has (pytorch-kaldi lets *_act choose; ours are fixed)
 FIXED_ACT = {"lstm": "tanh", "gru": "tanh", "ligru": "relu"}
-ACTS = ("tanh", "relu", "sigmoid", "softplus")
+ACTS = ("tanh", "relu", "sigmoid", "softplus", "linear")
 OPTIMIZER_OPTIONS = {
     "rmsprop": ("opt_momentum", "opt_alpha", "opt_eps", "opt_centered", "opt_weight_decay"),
     "sgd": ("opt_momentum", "opt_weight_decay", "opt_dampening", "opt_nesterov"),

@@ -12,9 +12,14 @@ pytorch-kaldi describes the network as a program, one assignment a line (``utils
     loss_final=sum(loss_cd,loss_mono_w)          # what is minimised
     err_final=cost_err(out_dnn2,lab_cd)          # the frame error reported
 
+and ``loss_se=mse(out_dnn_SE,fbankclean)`` (``torch.mean((a - b) ** 2)``) compares an architecture's output
+with a feature stream, e.g. summed into ``loss_final`` beside ``cost_nll`` (its joint-training recipes).
+
 Our network is one chain of architectures from the input streams (``[model] inputs``, several
-concatenated per frame) to a senone softmax, with an optional monophone softmax on the same layers;
-:func:`resolve` maps a program onto that and reports every construct that does not fit.
+concatenated per frame) to a senone softmax, with an optional monophone softmax on the same layers and an
+optional ``mse`` of the output of one architecture of the chain against a feature stream (``[model]
+mse_arch``, ``mse_target``, ``mse_weight``); :func:`resolve` maps a program onto that and reports every
+construct that does not fit.
 
 >>> g = parse_model("o1=compute(A,fmllr)\\no2=compute(B,o1)\\nloss_final=cost_nll(o2,lab_cd)\\nerr_final=cost_err(o2,lab_cd)", "x")
 >>> g["o2"]
@@ -59,6 +64,9 @@ class Network:
     mono_arch: str = ""  # the architecture that is the monophone softmax alone
     mono_lab: str = "none"
     mono_weight: float = 1.0
+    mse_arch: str = ""  # the architecture of the chain whose output mse compares with the stream mse_target
+    mse_target: str = ""
+    mse_weight: float = 1.0
     problems: list[str] = field(default_factory=list)
 
 
@@ -67,16 +75,19 @@ def resolve(program: dict, fea_names: set[str], forward_out: str, where: str) ->
     (all of them, so that one error can list them).
 
     ``forward_out`` (``[forward] forward_out``) names the senone output; ``loss_final`` must be its
-    ``cost_nll``, alone or summed with one ``cost_nll`` of a monophone head (optionally through
-    ``mult_constant``); ``err_final`` must be ``cost_err`` of the senone output.
+    ``cost_nll``, alone or summed with one ``cost_nll`` of a monophone head and one ``mse`` of an output on
+    the chain against a feature stream (each optionally through ``mult_constant``); ``err_final`` must be
+    ``cost_err`` of the senone output.
     """
     problems: list[str] = []
     for name, (operation, _) in program.items():
         if operation not in OPERATIONS:
             problems.append(f"{where} line {name}=: unknown operation {operation!r} (pytorch-kaldi's are {', '.join(OPERATIONS)})")
-        elif operation in ("mult", "sum_constant", "avg", "mse"):
+        elif operation in ("mult", "sum_constant", "avg"):
             problems.append(f"{where} line {name}={operation}(...): not supported (we train cross-entropy on "
-                            f"senones, with an optional monophone cost: cost_nll, sum, mult_constant)")
+                            f"senones, with an optional monophone cost and an optional mse: cost_nll, mse, sum, "
+                            f"mult_constant)")
+    produced: dict[str, str] = {}  # the variables on the chain -> the architecture that computes each
 
     def chain_of(variable: str) -> tuple[list[str], list[str]]:
         """(architectures, input streams) from the features to ``variable``."""
@@ -87,6 +98,7 @@ def resolve(program: dict, fea_names: set[str], forward_out: str, where: str) ->
             operation, args = program.get(variable, ("missing", []))
             if operation == "compute" and len(args) == 2:
                 archs.append(args[0])
+                produced[variable] = args[0]
                 variable = args[1]
             elif operation == "concatenate" and all(a in fea_names for a in args):
                 return archs[::-1], list(args)
@@ -103,7 +115,10 @@ def resolve(program: dict, fea_names: set[str], forward_out: str, where: str) ->
     trunk_out = program[forward_out][1][1]  # what the senone head reads
 
     terms = _loss_terms(program, "loss_final", 1.0, where, problems)
-    for out, label, weight in terms:
+    for operation, (out, label), weight in terms:
+        if operation == "mse":
+            _mse_term(network, out, label, weight, produced, fea_names, where, problems)
+            continue
         if out == forward_out:
             network.senone_lab = label
             if weight != 1.0:
@@ -116,8 +131,10 @@ def resolve(program: dict, fea_names: set[str], forward_out: str, where: str) ->
             continue
         network.mono_arch, network.mono_lab, network.mono_weight = args[0], label, weight
     if not network.senone_lab:
+        alone = " (an mse alone, e.g. an autoencoder, trains no senone output to decode: mse is supported as a " \
+                "term summed with it)" if any(operation == "mse" for operation, _, _ in terms) else ""
         problems.append(f"{where} loss_final: no cost_nll({forward_out},<label>) of the senone output "
-                        f"([forward] forward_out = {forward_out})")
+                        f"([forward] forward_out = {forward_out}){alone}")
     error = program.get("err_final")
     if error is None or error[0] != "cost_err" or error[1][0] != forward_out:
         problems.append(f"{where} err_final: expected cost_err({forward_out},{network.senone_lab or 'lab_cd'})")
@@ -129,14 +146,36 @@ def resolve(program: dict, fea_names: set[str], forward_out: str, where: str) ->
     return network
 
 
-def _loss_terms(program: dict, variable: str, weight: float, where: str, problems: list) -> list[tuple[str, str, float]]:
-    """``(output, label, weight)`` of every ``cost_nll`` summed into ``variable``."""
+def _mse_term(network: Network, first: str, second: str, weight: float, produced: dict, fea_names: set,
+              where: str, problems: list) -> None:
+    """``mse(first, second)`` as our ``mse_arch``, ``mse_target``, ``mse_weight``: one operand a feature
+    stream (the target), the other the output of an architecture on the chain, not the senone output."""
+    line = f"{where} mse({first},{second})"
+    if (first in fea_names) == (second in fea_names):
+        problems.append(f"{line}: expected one feature stream (the target: {', '.join(sorted(fea_names))}) and one "
+                        f"output of an architecture, got {'two' if first in fea_names else 'no'} feature streams")
+        return
+    out, target = (second, first) if first in fea_names else (first, second)
+    if out not in produced or out == network.senone_out:
+        what = "the senone output, a softmax" if out == network.senone_out else (
+            "not the output of an architecture on the way from the features to the senone output "
+            f"({' -> '.join(network.chain)}): a side branch of layers is not supported")
+        problems.append(f"{line}: {out} is {what}; expected the output of one of {', '.join(network.chain[:-1]) or '(none)'}")
+        return
+    if network.mse_arch:
+        problems.append(f"{line}: a second mse term (the first compares {network.mse_arch}); only one is supported")
+        return
+    network.mse_arch, network.mse_target, network.mse_weight = produced[out], target, weight
+
+
+def _loss_terms(program: dict, variable: str, weight: float, where: str, problems: list) -> list[tuple[str, list, float]]:
+    """``(operation, [a, b], weight)`` of every ``cost_nll(a, b)`` and ``mse(a, b)`` summed into ``variable``."""
     if variable not in program:
         problems.append(f"{where}: no {variable}= line (pytorch-kaldi needs loss_final and err_final)")
         return []
     operation, args = program[variable]
-    if operation == "cost_nll" and len(args) == 2:
-        return [(args[0], args[1], weight)]
+    if operation in ("cost_nll", "mse") and len(args) == 2:
+        return [(operation, args, weight)]
     if operation == "sum" and len(args) == 2:
         return _loss_terms(program, args[0], weight, where, problems) + _loss_terms(program, args[1], weight, where, problems)
     if operation == "mult_constant" and len(args) == 2:
@@ -146,7 +185,7 @@ def _loss_terms(program: dict, variable: str, weight: float, where: str, problem
             problems.append(f"{where} line {variable}=mult_constant(...): {args[1]!r} is not a number")
             return []
         return _loss_terms(program, args[0], weight * factor, where, problems)
-    problems.append(f"{where} line {variable}={operation}(...): a loss must be cost_nll, sum or mult_constant of losses")
+    problems.append(f"{where} line {variable}={operation}(...): a loss must be cost_nll, mse, sum or mult_constant of losses")
     return []
 
 

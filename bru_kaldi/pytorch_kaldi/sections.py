@@ -24,7 +24,8 @@ MACHINERY = {
     ("decoding", "norm_vars"): "[decoding] norm_vars: feature normalisation is each stream's fea_opts",
     ("decoding", "max_arcs"): "[decoding] max_arcs: the lattices are not pruned by arc count",
 }
-# Where we deliberately differ from pytorch-kaldi: logged once, for the units the config uses ("all": always).
+# Where we deliberately differ from pytorch-kaldi: logged once, for the units the config uses ("all": always;
+# "mse": when the loss has an mse term).
 DIFFERENCES = {
     "all": "differs from pytorch-kaldi: decoding chooses the acoustic scale on valid_with (added to forward_with) and "
            "applies it unchanged to the other sets; batch-norm statistics count real frames only (not padding)",
@@ -36,6 +37,9 @@ DIFFERENCES = {
     "rnn": "differs from pytorch-kaldi: bidirectional layers have untied weights (one set per direction)",
     "mlp": "differs from pytorch-kaldi: MLP weights start from PyTorch's Linear initialisation, not pytorch-kaldi's "
            "uniform +-sqrt(0.01 / (in + out))",
+    "mse": "differs from pytorch-kaldi: mse averages the squared error over real frames only (torch.mean over a "
+           "padded sequence batch also counts the padding); res.res reports the senone cross-entropy, not "
+           "loss_final with the mse term",
 }
 EXP = ("cmd", "run_nn_script", "out_folder", "seed", "use_cuda", "multi_gpu", "save_gpumem", "n_epochs_tr", "production")
 BATCHES = ("batch_size_train", "max_seq_length_train", "increase_seq_length_train", "start_seq_len_train",
