@@ -47,8 +47,10 @@ from bru_kaldi.config import Config, ConfigError, parse_config, parse_overrides,
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters, trained_architectures
-from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, feature_columns, gradient_norm, pick_device, epoch_rate, epochs_since_best, load_checkpoint, make_optimizer,
-                                plot_learning_curve, save_checkpoint, save_tensors, seed_everything, stopped_early, warmup)
+from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, epoch_rate, epochs_since_best, evaluate,
+                                feature_columns, gradient_norm, keep_best_weights, load_checkpoint, make_optimizer,
+                                pick_device, plot_learning_curve, save_checkpoint, save_tensors, seed_everything,
+                                stopped_early, warmup)
 from data_io import (Corpus, GlobalNorm, KaldiIOError, LoglikeWriter, dataset_for, fingerprint, loader_options,
                      log_priors, read_counts, write_counts)
 from models.acoustic import AcousticModel
@@ -215,49 +217,13 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
             checkpoint()
 
     if config.exp.patience and progress.history:
-        keep_best_weights(model, exp, progress.history, config.exp.patience)
+        keep_best_weights(model, exp.best, progress.history, config.exp.patience)
     if dist.main:
         final = {"model": model.state_dict(), "input_dim": input_dim, "num_pdfs": train_set.label_dims[senone],
                  "num_mono": num_mono or 0}
         save_tensors(final, exp.final)
         exp.mark("train")
     dist.barrier()
-
-
-def keep_best_weights(model: torch.nn.Module, exp: Experiment, history: list[dict], patience: int) -> None:
-    """Load the weights of the epoch with the lowest dev error (``best.pt``) into ``model``: with
-    ``[exp] patience`` they, not the last epoch's, become ``final.pt``."""
-    errors = [h["dev_err"] for h in history]
-    best_epoch = len(errors) - epochs_since_best(errors)
-    stop = "stopped early" if stopped_early(errors, patience) else "reached n_epochs_tr"
-    saved = torch.load(exp.best, map_location="cpu", weights_only=True) if exp.best.is_file() else None
-    if saved is None or saved["epoch"] != best_epoch:
-        # a run begun without patience and resumed with it: the best epoch's weights were never kept
-        log.warning("%s has no weights of epoch %d (the best on dev); final.pt holds the last epoch's", exp.best, best_epoch)
-        return
-    model.load_state_dict(saved["model"])
-    log.info("training %s after %d epochs; final.pt holds epoch %d's weights (dev frame error %.4f, the lowest)",
-             stop, len(errors), best_epoch, errors[best_epoch - 1])
-
-
-@torch.no_grad()
-def evaluate(net, corpus: Corpus, config: Config, device: torch.device, dist: Distributed) -> tuple[float, float]:
-    """Mean senone cross-entropy and frame error over ``corpus`` (every rank scores its share)."""
-    net.eval()
-    totals = [0.0, 0, 0]
-    input_dim, target = feature_columns(config.model, corpus.sources)
-    for batch in corpus.batches():
-        share = dist.share(batch)
-        if share is None:
-            continue
-        share = share.to(device)
-        with autocast(config, device):
-            out = net(share.x[..., :input_dim], share.lengths)
-        _, (loss_sum, errors, frames) = batch_loss(out, share.labels, config.model, 1, 1,
-                                                   share.x[..., target] if target else None)
-        totals = [totals[0] + loss_sum, totals[1] + errors, totals[2] + frames]
-    loss_sum, errors, frames = dist.sum(totals)
-    return loss_sum / frames, errors / frames
 
 
 # --------------------------------------------------------------------------- forward

@@ -8,6 +8,7 @@ Everything that changes between epochs is a pure function of the config and the 
 from __future__ import annotations
 
 import io
+import logging
 import random
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from bru_kaldi.atomic import write_atomically
 from bru_kaldi.batching import IGNORE
 from bru_kaldi.config import OPTIMIZERS, Config, ConfigError, Model
 from bru_kaldi.schedules import scheduled_lr
+
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- loss and error
@@ -235,6 +238,44 @@ def epoch_rate(arch, epoch: int, epochs: int, dev_errors: Sequence[float]) -> fl
     if scheduled is not None:
         return scheduled
     return learning_rate(arch.arch_lr, arch.arch_halving_factor, arch.arch_improvement_threshold, dev_errors)
+
+
+# --------------------------------------------------------------------------- the end of an epoch, of a run
+def keep_best_weights(model: torch.nn.Module, best: Path, history: list[dict], patience: int) -> None:
+    """Load the weights of the epoch with the lowest dev error (``best``, the experiment's ``best.pt``)
+    into ``model``: with ``[exp] patience`` they, not the last epoch's, become ``final.pt``."""
+    errors = [h["dev_err"] for h in history]
+    best_epoch = len(errors) - epochs_since_best(errors)
+    stop = "stopped early" if stopped_early(errors, patience) else "reached n_epochs_tr"
+    saved = torch.load(best, map_location="cpu", weights_only=True) if best.is_file() else None
+    if saved is None or saved["epoch"] != best_epoch:
+        # a run begun without patience and resumed with it: the best epoch's weights were never kept
+        log.warning("%s has no weights of epoch %d (the best on dev); final.pt holds the last epoch's", best, best_epoch)
+        return
+    model.load_state_dict(saved["model"])
+    log.info("training %s after %d epochs; final.pt holds epoch %d's weights (dev frame error %.4f, the lowest)",
+             stop, len(errors), best_epoch, errors[best_epoch - 1])
+
+
+@torch.no_grad()
+def evaluate(net, corpus, config: Config, device: torch.device, dist) -> tuple[float, float]:
+    """Mean senone cross-entropy and frame error over ``corpus`` (a ``data_io.Corpus``; every rank of
+    ``dist``, a ``bru_kaldi.distributed.Distributed``, scores its share)."""
+    net.eval()
+    totals = [0.0, 0, 0]
+    input_dim, target = feature_columns(config.model, corpus.sources)
+    for batch in corpus.batches():
+        share = dist.share(batch)
+        if share is None:
+            continue
+        share = share.to(device)
+        with autocast(config, device):
+            out = net(share.x[..., :input_dim], share.lengths)
+        _, (loss_sum, errors, frames) = batch_loss(out, share.labels, config.model, 1, 1,
+                                                   share.x[..., target] if target else None)
+        totals = [totals[0] + loss_sum, totals[1] + errors, totals[2] + frames]
+    loss_sum, errors, frames = dist.sum(totals)
+    return loss_sum / frames, errors / frames
 
 
 # --------------------------------------------------------------------------- device

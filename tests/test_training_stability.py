@@ -68,8 +68,8 @@ def inject_nan(monkeypatch, when):
     calls = {"step": -1}
     original = run_exp.batch_loss
 
-    def batch_loss(out, labels, model, global_frames, world=1):
-        loss, stats = original(out, labels, model, global_frames, world)
+    def batch_loss(out, labels, model, global_frames, world=1, target=None):
+        loss, stats = original(out, labels, model, global_frames, world, target)
         if global_frames > 1:  # a training step, not an evaluation
             calls["step"] += 1
             if when(calls["step"]):
