@@ -24,6 +24,15 @@ def backend(request, monkeypatch):
     return request.param
 
 
+def _padded_batch(layer):
+    """A float64 batch of 4 sequences of 9, 4, 9 and 1 frames of 3 features, and weights for a scalar loss
+    on the layer's outputs."""
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 9, 3, generator=generator, dtype=torch.float64)
+    weights = torch.randn(4, 9, layer.output_size, generator=generator, dtype=torch.float64)
+    return torch.tensor([9, 4, 9, 1]), x, weights
+
+
 def _train_step(layer, implementation, x, lengths, weights, seed):
     """Output and gradients of one training-mode step; ``seed`` fixes the dropout mask."""
     set_implementation(layer, implementation)
@@ -43,10 +52,7 @@ def test_the_configs_configuration_equals_the_reference(unit, options, bidirecti
     torch.manual_seed(0)
     layer = models.build(unit, 3, 6, bidirectional=bidirectional, dropout=0.2, norm="batch", **options).double()
     randomise_(layer, seed=1).train()
-    generator = torch.Generator().manual_seed(2)
-    lengths = torch.tensor([9, 4, 9, 1])
-    x = torch.randn(4, 9, 3, generator=generator, dtype=torch.float64)
-    weights = torch.randn(4, 9, layer.output_size, generator=generator, dtype=torch.float64)
+    lengths, x, weights = _padded_batch(layer)
     state = {k: v.clone() for k, v in layer.state_dict().items()}
     reference = _train_step(layer, "reference", x, lengths, weights, seed=5)
     layer.load_state_dict(state)  # the batch norm's running statistics as before
@@ -137,10 +143,7 @@ def test_inner_dropout_runs_the_fast_path_and_equals_the_reference(unit, options
     mask, the reference loop never runs), and for the same seed its outputs and gradients are the reference
     loop's."""
     layer = _inner_layer(unit, options).train(training)
-    generator = torch.Generator().manual_seed(2)
-    lengths = torch.tensor([9, 4, 9, 1])
-    x = torch.randn(4, 9, 3, generator=generator, dtype=torch.float64)
-    weights = torch.randn(4, 9, layer.output_size, generator=generator, dtype=torch.float64)
+    lengths, x, weights = _padded_batch(layer)
     state = {k: v.clone() for k, v in layer.state_dict().items()}
     reference = _train_step(layer, "reference", x, lengths, weights, seed=5)
     layer.load_state_dict(state)
