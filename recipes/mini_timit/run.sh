@@ -46,18 +46,8 @@ USAGE
   exit 1
 }
 
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --stage) stage=${2:?}; shift 2 ;;
-    --stop-stage) stop_stage=${2:?}; shift 2 ;;
-    --size) size=${2:?}; shift 2 ;;
-    --seed) seed=${2:?}; shift 2 ;;
-    --task) task=${2:?}; shift 2 ;;
-    --help|-h) usage ;;
-    --*) echo "$0: Error: unknown option $1" >&2; usage ;;
-    *) break ;;
-  esac
-done
+# shellcheck disable=SC1091  # --stage N sets stage, and so on
+. "$(dirname "$0")/local/parse_options.sh"
 [ $# -le 1 ] || usage
 case "$stage$stop_stage" in *[!0-9]*|'') echo "$0: Error: --stage and --stop-stage take integers" >&2; usage ;; esac
 case "$seed" in *[!0-9]*|'') echo "$0: Error: --seed takes a non-negative integer" >&2; usage ;; esac

@@ -50,19 +50,8 @@ USAGE
   exit 1
 }
 
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --stage) stage=$2; shift 2 ;;
-    --stop-stage) stop_stage=$2; shift 2 ;;
-    --nj) nj=$2; shift 2 ;;
-    --leaves) leaves=$2; shift 2 ;;
-    --gauss) gauss=$2; shift 2 ;;
-    --retry-beam) retry_beam=$2; shift 2 ;;
-    --help|-h) usage ;;
-    --*) echo "$0: Error: unknown option $1" >&2; usage ;;
-    *) break ;;
-  esac
-done
+# shellcheck disable=SC1091  # --stop-stage N sets stop_stage, and so on
+. "$(dirname "$0")/local/parse_options.sh"
 [ $# -eq 2 ] || usage
 for n in ${stage:-0} "$stop_stage" "$nj" "$leaves" "$gauss" "$retry_beam"; do
   case "$n" in ''|*[!0-9]*) echo "$0: Error: stages, --nj, --leaves, --gauss and --retry-beam take integers, got '$n'" >&2; usage ;; esac

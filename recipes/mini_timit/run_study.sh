@@ -41,22 +41,15 @@ USAGE
   exit 1
 }
 
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --stage) stage=$2; shift 2 ;;
-    --stop-stage) stop_stage=$2; shift 2 ;;
-    --seeds) seeds=$2; shift 2 ;;
-    --jobs) jobs=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    --epochs) epochs=$2; shift 2 ;;
-    --patience) patience=$2; shift 2 ;;
-    -h|--help) usage ;;
-    *) echo "$0: unknown option $1" >&2; usage ;;
-  esac
+# shellcheck disable=SC1091  # --stop-stage N sets stop_stage, and so on
+. "$(dirname "$0")/local/parse_options.sh"
+[ $# -eq 0 ] || usage
+for n in "$stage" "$stop_stage" "$jobs" "$epochs" "$patience"; do
+  case "$n" in ''|*[!0-9]*) echo "$0: Error: --stage, --stop-stage, --jobs, --epochs and --patience take integers, got '$n'" >&2; usage ;; esac
 done
 
 cd "$(dirname "$0")/../.."  # the repository: compare.py, cfg/ and RESULTS.md are read from there
-schedule=(--exp,n_epochs_tr=$epochs --exp,patience=$patience)
+schedule=("--exp,n_epochs_tr=$epochs" "--exp,patience=$patience")
 
 phones=(cfg/MINI_liBRU.cfg cfg/MINI_liGRU.cfg cfg/MINI_liBRU_bi.cfg cfg/MINI_liGRU_bi.cfg cfg/MINI_liGRU_bi3.cfg
         cfg/MINI_LBRU.cfg cfg/MINI_GRU.cfg cfg/MINI_GRU_bi.cfg cfg/MINI_LSTM.cfg
