@@ -246,3 +246,21 @@ if Path(config).stem == "b" and seed == "2":
     assert any("[6/6]" in line and "to go" in line for line in logged)
     again = run_sweep(configs, [1, 2], tmp_path / "out", log=logged.append, python=str(fake), jobs=2)
     assert [o.status for o in again] == ["skipped"] * 4 + ["failed", "skipped"]
+
+
+def test_one_config_run_with_and_without_an_override_gives_two_named_systems(tmp_path):
+    """Before/after comparisons sweep one config twice, once with an override: the second system is named
+    by what it changes, so that --pairs can name both."""
+    rng = np.random.default_rng(2)
+    for seed in (1, 2):
+        fake_run(tmp_path / "after" / f"seed{seed}", "MINI_A", "ligru", seed, list(rng.integers(0, 3, 30)), 20, 20)
+        before = tmp_path / "before" / f"seed{seed}"
+        fake_run(before, "MINI_A", "ligru", seed, list(rng.integers(2, 5, 30)), 30, 30)
+        resolved = before / "config.resolved.cfg"
+        resolved.write_text(resolved.read_text().replace("unit = ligru\n", "unit = ligru\nopt_bias_correction = False\n"))
+    systems = group(find_runs([str(tmp_path / "*" / "seed*")]))
+    assert [(s.name, s.seeds) for s in systems] == [("MINI_A", [1, 2]), ("MINI_A(opt_bias_correction=False)", [1, 2])]
+    (pair,) = report.pairs(systems, [("MINI_A", "MINI_A(opt_bias_correction=False)")], "test", replications=300)
+    assert pair.against_error == 30 and pair.versus["probability_of_improvement"] > 0.99
+    assert compare.parse_pairs("MINI_A:MINI_A(opt_bias_correction=False)") == [
+        ("MINI_A", "MINI_A(opt_bias_correction=False)")]

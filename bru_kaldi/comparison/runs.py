@@ -38,6 +38,7 @@ class Run:
     seed: int
     key: str  # what the seeds of one system share
     architectures: list[dict]  # unit, sizes, bidirectional of each [architectureN] of the stack
+    options: frozenset = frozenset()  # ("[section] option", value) of everything the seeds share
     epochs: list[dict] = field(default_factory=list)  # {"epoch", "dev_err", "seconds"}
     errors: dict[str, float] = field(default_factory=dict)  # set -> error rate (percent), as res.res says
     frames_per_second: Optional[float] = None
@@ -76,7 +77,8 @@ def read_run(folder) -> Run:
     parser = configparser.ConfigParser(interpolation=None)
     parser.optionxform = str
     parser.read_string(text)
-    shared = [f"[{s}] {o} = {v}" for s in parser.sections() for o, v in parser.items(s) if (s, o) not in PER_RUN]
+    options = {(f"[{s}] {o}", v) for s in parser.sections() for o, v in parser.items(s) if (s, o) not in PER_RUN}
+    shared = [f"{name} = {value}" for name, value in sorted(options)]
     source = first[len(RESOLVED_FROM):] if first.startswith(RESOLVED_FROM) else re.sub(r"_?seed\d+$", "", folder.name)
     stack = [v.strip() for v in parser.get("model", "stack", fallback="").split(",") if v.strip()]
     archs = {parser.get(s, "arch_name"): s for s in parser.sections() if s.startswith("architecture")}
@@ -85,7 +87,7 @@ def read_run(folder) -> Run:
                       "bidirectional": [v.strip() == "True" for v in parser.get(archs[name], "bidirectional").split(",")]}
                      for name in stack if name in archs]
     run = Run(folder, source, parser.getint("exp", "seed"), hashlib.sha1("\n".join(shared).encode()).hexdigest()[:12],
-              architectures)
+              architectures, frozenset(options))
     res = folder / "res.res"
     for line in res.read_text().splitlines() if res.is_file() else []:
         if m := _EPOCH.match(line):
@@ -147,15 +149,18 @@ class System:
 
 
 def group(runs: Sequence[Run]) -> list[System]:
-    """Systems in order of first appearance; two configs with the same name but different contents are
-    told apart by a suffix."""
+    """Systems in order of first appearance. Two configs with the same name but different contents (a
+    sweep with overrides beside one without) are told apart by what differs: the later one is named
+    ``NAME(option=value, ...)`` with its values that the first one lacks (``NAME#<hash>`` past three)."""
     systems: dict[str, System] = {}
-    names: dict[str, str] = {}
+    first_of: dict[str, Run] = {}  # the first run of each config name
     for run in sorted(runs, key=lambda r: (Path(r.source).stem, r.seed)):
         if run.key not in systems:
             base = Path(run.source).stem
-            name = base if base not in names.values() else f"{base}#{run.key[:6]}"
-            names[run.key] = name
+            first = first_of.setdefault(base, run)
+            differs = sorted(f"{option.split('] ')[-1]}={value}" for option, value in run.options - first.options)
+            name = base if first is run else (f"{base}({', '.join(differs)})" if 0 < len(differs) <= 3
+                                              else f"{base}#{run.key[:6]}")
             systems[run.key] = System(name, [])
         systems[run.key].runs.append(run)
     return list(systems.values())
