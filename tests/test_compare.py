@@ -264,3 +264,35 @@ def test_one_config_run_with_and_without_an_override_gives_two_named_systems(tmp
     assert pair.against_error == 30 and pair.versus["probability_of_improvement"] > 0.99
     assert compare.parse_pairs("MINI_A:MINI_A(opt_bias_correction=False)") == [
         ("MINI_A", "MINI_A(opt_bias_correction=False)")]
+
+
+def test_a_terminated_sweep_stops_the_runs_it_started(tmp_path):
+    """kill (SIGTERM) of the sweep ends its runs too, instead of leaving them to train unattended."""
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport os, time\nopen({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\n"
+                    "time.sleep(120)\n")
+    fake.chmod(0o755)
+    (tmp_path / "a.cfg").write_text("[exp]\n")
+    script = (f"from bru_kaldi.comparison.sweep import run_sweep\n"
+              f"run_sweep([{str(tmp_path / 'a.cfg')!r}], [1], {str(tmp_path / 'out')!r}, python={str(fake)!r})\n")
+    sweep = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    deadline = time.time() + 60
+    while not (tmp_path / "pid").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.2)
+    child = int((tmp_path / "pid").read_text())
+    sweep.terminate()
+    assert sweep.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not _alive(child, wait=10)  # terminated and reaped by the sweep before it exited
+
+
+def _alive(pid: int, wait: float) -> bool:
+    """Whether process ``pid`` still exists after up to ``wait`` seconds."""
+    deadline = time.time() + wait
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        time.sleep(0.1)
+    return True

@@ -9,8 +9,10 @@ where it stopped. A run that fails does not stop the sweep: the failures are lis
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +69,9 @@ def run_sweep(configs: Sequence[Path], seeds: Sequence[int], out: Path, override
     running: dict[int, tuple[subprocess.Popen, float]] = {}
     started, spent = time.time(), []
     waiting = list(enumerate(pairs, 1))
+    # a SIGTERM (kill, a job scheduler's stop) ends the sweep through the finally below, as Ctrl-C does
+    stop = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if stop else None
 
     def finish(number: int, code: int, begin: float) -> None:
         config, seed = pairs[number - 1]
@@ -112,7 +117,13 @@ def run_sweep(configs: Sequence[Path], seeds: Sequence[int], out: Path, override
             process.terminate()
         for process, _ in running.values():
             process.wait()
+        if stop:
+            signal.signal(signal.SIGTERM, previous)
     return [outcomes[number] for number in sorted(outcomes)]
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def _duration(seconds: float) -> str:
