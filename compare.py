@@ -3,7 +3,7 @@
 
 Usage: python compare.py sweep CFG... [--seeds 1,2,3] [--out DIR] [--baseline NAME] [--jobs N] [--section,option=value ...]
        python compare.py table EXP_DIR_OR_GLOB... [--baseline NAME] [--set test] [--csv F] [--markdown F]
-                               [--plots DIR] [--pairs A:B,...] [--section NAME]
+                               [--plots DIR] [--pairs A:B,...] [--pending-ok] [--section NAME]
  e.g.: python compare.py sweep cfg/MINI_liBRU.cfg cfg/MINI_liGRU.cfg --seeds 1,2,3 --baseline MINI_liGRU
        python compare.py table exp/compare --baseline MINI_liGRU --markdown RESULTS.table.md --plots exp/compare/plots
 
@@ -67,7 +67,7 @@ def provenance(systems, command: str) -> str:
 
 
 def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plots=None,
-          replications=REPLICATIONS, pairs=(), section=None, command="compare.py table") -> str:
+          replications=REPLICATIONS, pairs=(), section=None, command="compare.py table", missing_ok=False) -> str:
     """The comparison table of the experiment folders matching ``patterns``; writes the files asked for.
 
     ``pairs``: ``(system, against)`` names, tested pair by pair in a second table. ``section``: with
@@ -77,7 +77,7 @@ def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plo
     systems = group(find_runs(patterns))
     sets = ["dev", test_set] if test_set != "dev" else ["dev"]
     rows = report.rows(systems, sets, baseline, test_set, replications)
-    named = report.pairs(systems, pairs, test_set, replications) if pairs else []
+    named = report.pairs(systems, pairs, test_set, replications, missing_ok) if pairs else []
     if csv:
         write_text_atomically(csv, report.csv_text(rows, test_set, sets))
     if markdown:
@@ -116,6 +116,8 @@ def parse_arguments(argv):
     shown.add_argument("--plots", type=Path)
     shown.add_argument("--replications", type=int, default=REPLICATIONS)
     shown.add_argument("--pairs", default="", help="SYSTEM:AGAINST,...: each pair tested in a second table")
+    shown.add_argument("--pending-ok", action="store_true", help="a pair naming a system with no runs yet is "
+                                                                  "shown as pending (a study under way), not an error")
     shown.add_argument("--section", help="with --markdown F: replace that section of F (between "
                                          "<!-- compare.py SECTION --> and <!-- /compare.py SECTION -->)")
     args, overrides = parser.parse_known_args(argv)
@@ -135,7 +137,7 @@ def main(argv=None) -> int:
                 raise ConfigError("--section needs --markdown FILE (the file whose section is replaced)")
             print(table(args.folders, args.baseline, args.test_set, args.csv, args.markdown, args.plots,
                         args.replications, parse_pairs(args.pairs), args.section,
-                        "python compare.py " + " ".join(sys.argv[1:] if argv is None else argv)))
+                        "python compare.py " + " ".join(sys.argv[1:] if argv is None else argv), args.pending_ok))
             return 0
         outcomes = run_sweep(args.configs, parse_seeds(args.seeds), args.out, overrides, jobs=args.jobs)
         print(table([str(args.out)], args.baseline, args.test_set))

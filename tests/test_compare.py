@@ -152,6 +152,8 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert "| MINI_B | MINI_A | 21.50 | 31.50 | -10.00 |" in report.pairs_markdown([b_vs_a], "test")
     with pytest.raises(ValueError, match="no system MINI_D"):
         report.pairs(systems, [("MINI_D", "MINI_A")], "test")
+    (not_started,) = report.pairs(systems, [("MINI_D", "MINI_A")], "test", missing_ok=True)  # a study under way
+    assert (not_started.system_error, not_started.against_error, not_started.versus) == (None, 31.5, {})
     unfinished = tmp_path / "more" / "D" / "seed1"  # a study under way: trained, not yet decoded
     fake_run(unfinished, "MINI_D", "lbru", 1, [1] * 30, 20, 20)
     (unfinished / "res.res").write_text("".join((unfinished / "res.res").read_text().splitlines(True)[:2]))

@@ -32,7 +32,7 @@ class Row:
     errors: dict[str, list[float]]  # set -> error rate (percent) per seed
     intervals: dict[str, tuple[float, float, float]]  # set -> (rate, low, high), percent
     versus: dict[str, float]  # probability_of_improvement, matched_pairs_p, sign_p (against the baseline)
-    failed: int = 0  # runs of this system without a result
+    failed: int = 0  # runs of this system without a result (failed, or still running)
 
 
 def _mean(values):
@@ -87,7 +87,7 @@ def _cells(row: Row, sets: Sequence[str], test_set: str) -> list[str]:
              number(row.frames_per_second, ".0f")]
     for name in sets:
         values = row.errors.get(name, [])
-        per_seed = " / ".join(f"{v:.2f}" for v in values) + (f" ({row.failed} failed)" if row.failed else "")
+        per_seed = " / ".join(f"{v:.2f}" for v in values) + (f" ({row.failed} unfinished)" if row.failed else "")
         spread = f"{pystats.fmean(values):.2f} ± {pystats.stdev(values):.2f}" if len(values) > 1 else (
             f"{values[0]:.2f}" if values else "")
         cells += [per_seed, spread]
@@ -148,12 +148,20 @@ class Pair:
 
 
 def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set: str,
-          replications: int = statistics.REPLICATIONS) -> list[Pair]:
-    """A :class:`Pair` for each ``(system, against)`` of ``wanted`` (names of ``systems``)."""
+          replications: int = statistics.REPLICATIONS, missing_ok: bool = False) -> list[Pair]:
+    """A :class:`Pair` for each ``(system, against)`` of ``wanted`` (names of ``systems``). A name that is
+    not one of them is an error, or with ``missing_ok`` (a study whose later runs have not started) a
+    pair without results."""
     by_name = {s.name: s for s in systems}
     out = []
     for name, against in wanted:
         missing = [n for n in (name, against) if n not in by_name]
+        if missing and missing_ok:
+            def mean_error(n):
+                return _mean([r.errors.get(test_set) for r in by_name[n].runs]) if n in by_name else None
+
+            out.append(Pair(name, against, mean_error(name), mean_error(against), {}))
+            continue
         if missing:
             raise ValueError(f"--pairs {name}:{against}: no system {', '.join(missing)}; the systems are "
                              f"{', '.join(by_name)}")
