@@ -47,10 +47,10 @@ from bru_kaldi.config import Config, ConfigError, parse_config, parse_overrides,
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters, trained_architectures
-from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, epoch_rate, epochs_since_best, evaluate,
-                                feature_columns, gradient_norm, keep_best_weights, load_checkpoint, make_optimizer,
-                                pick_device, plot_learning_curve, save_checkpoint, save_tensors, seed_everything,
-                                stopped_early, warmup)
+from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, epoch_rate, epochs_since_best,
+                                evaluate, feature_columns, gradient_norm, keep_best_weights, load_checkpoint,
+                                make_optimizer, pick_device, plot_learning_curve, save_checkpoint, save_tensors,
+                                seed_everything, stopped_early, warmup)
 from data_io import (Corpus, GlobalNorm, KaldiIOError, LoglikeWriter, dataset_for, fingerprint, loader_options,
                      log_priors, read_counts, write_counts)
 from models.acoustic import AcousticModel
@@ -126,8 +126,7 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
 
     def epoch_rates() -> dict[str, float]:
         """Each architecture's rate for this epoch: halved on dev plateaus, and once per rollback."""
-        dev_errors = [h["dev_err"] for h in progress.history]
-        return {a.arch_name: progress.lr_scale * epoch_rate(a, len(dev_errors), config.exp.n_epochs_tr, dev_errors)
+        return {a.arch_name: progress.lr_scale * epoch_rate(a, progress.epoch, config.exp.n_epochs_tr, progress.dev_errors)
                 for a in archs}
 
     def train_epoch(epoch: int) -> None:
@@ -186,7 +185,7 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
         progress.history.append({"epoch": epoch + 1, "train_loss": loss_sum / frames, "train_err": errors / frames,
                                  "dev_loss": dev_loss, "dev_err": dev_err, "lr": lrs, "seconds": seconds})
         progress.epoch, progress.chunk, progress.chunk_stats = epoch + 1, 0, []
-        if config.exp.patience and dist.main and epochs_since_best([h["dev_err"] for h in progress.history]) == 0:
+        if config.exp.patience and dist.main and epochs_since_best(progress.dev_errors) == 0:
             # before the checkpoint: a checkpoint that counts this epoch always has its best weights beside it
             save_tensors({"model": model.state_dict(), "epoch": epoch + 1}, exp.best)
         checkpoint()
@@ -197,8 +196,7 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
 
     if not exp.checkpoint.is_file():
         checkpoint()  # the initial weights: what a blow-up in the first chunk rolls back to
-    while progress.epoch < config.exp.n_epochs_tr and not stopped_early([h["dev_err"] for h in progress.history],
-                                                                        config.exp.patience):
+    while progress.epoch < config.exp.n_epochs_tr and not stopped_early(progress.dev_errors, config.exp.patience):
         try:
             train_epoch(progress.epoch)
         except Diverged as blowup:
@@ -217,7 +215,7 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
             checkpoint()
 
     if config.exp.patience and progress.history:
-        keep_best_weights(model, exp.best, progress.history, config.exp.patience)
+        keep_best_weights(model, exp.best, progress.dev_errors, config.exp.patience)
     if dist.main:
         final = {"model": model.state_dict(), "input_dim": input_dim, "num_pdfs": train_set.label_dims[senone],
                  "num_mono": num_mono or 0}

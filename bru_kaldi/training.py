@@ -241,10 +241,10 @@ def epoch_rate(arch, epoch: int, epochs: int, dev_errors: Sequence[float]) -> fl
 
 
 # --------------------------------------------------------------------------- the end of an epoch, of a run
-def keep_best_weights(model: torch.nn.Module, best: Path, history: list[dict], patience: int) -> None:
-    """Load the weights of the epoch with the lowest dev error (``best``, the experiment's ``best.pt``)
-    into ``model``: with ``[exp] patience`` they, not the last epoch's, become ``final.pt``."""
-    errors = [h["dev_err"] for h in history]
+def keep_best_weights(model: torch.nn.Module, best: Path, errors: Sequence[float], patience: int) -> None:
+    """Load the weights of the epoch with the lowest dev error (of ``errors``, one per epoch) from ``best``
+    (the experiment's ``best.pt``) into ``model``: with ``[exp] patience`` they, not the last epoch's,
+    become ``final.pt``."""
     best_epoch = len(errors) - epochs_since_best(errors)
     stop = "stopped early" if stopped_early(errors, patience) else "reached n_epochs_tr"
     saved = torch.load(best, map_location="cpu", weights_only=True) if best.is_file() else None
@@ -324,6 +324,11 @@ class Progress:
     chunk_stats: list = field(default_factory=list)  # (loss_sum, errors, frames) of this epoch's finished chunks
     step: int = 0  # optimiser steps taken (the warmup counts them)
     rollbacks: list = field(default_factory=list)  # (epoch, chunk) of every blow-up rolled back from
+
+    @property
+    def dev_errors(self) -> list[float]:
+        """The dev frame error of every finished epoch, in order."""
+        return [h["dev_err"] for h in self.history]
 
     @property
     def lr_scale(self) -> float:

@@ -44,7 +44,8 @@ class InnerDropout:
         return state[-1] if self.inner_dropout else None
 
     def _dropped(self, candidate, state):
-        return candidate * state[-1] if self.inner_dropout else candidate
+        mask = self.candidate_mask(state)
+        return candidate if mask is None else candidate * mask
 
 
 def _activation(name: str):

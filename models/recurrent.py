@@ -58,6 +58,13 @@ def check_inputs(x: torch.Tensor, lengths, input_size: int) -> tuple[torch.Tenso
     return lengths, mask
 
 
+def has_padding(lengths: torch.Tensor, steps: int) -> bool:
+    """Whether a batch of ``lengths`` padded to ``steps`` frames has padded frames at all. A batch
+    without them (common with length-sorted batches) skips the masks: each is a pass over every
+    activation forward and again backward."""
+    return bool(len(lengths)) and int(lengths.min()) < steps
+
+
 class _PermuteFrames(torch.autograd.Function):
     """``frames.index_select(0, index)`` for an ``index`` that is its own inverse: backward selects the
     gradient the same way (autograd's own backward would scatter-add into zeros, about twice the cost)."""
@@ -312,9 +319,7 @@ class RecurrentLayer(nn.Module):
         # gets contiguous memory without a copy, and the layer returns a (B, T, ...) view of
         # time-major memory, which the next layer's projection reads as it is.
         D, x = self.num_directions, x.transpose(0, 1).contiguous()  # (T, B, F): F is small, the copy cheap
-        # A batch without padding (common with length-sorted batches) skips the masks: each is a
-        # pass over every activation forward and again backward.
-        padded = bool(len(lengths)) and int(lengths.min()) < x.size(0)
+        padded = has_padding(lengths, x.size(0))
         keep = mask.t()[..., None]  # (T, B, 1)
         # One projection per direction, the backward one of the reversed input: reversing F input
         # features costs less than reversing G*H projections, and no split is copied. The norm runs on
@@ -367,8 +372,7 @@ class RecurrentStack(nn.Module):
     def forward(self, x: torch.Tensor, lengths) -> torch.Tensor:
         if self.input_norm is not None:
             lengths, mask = check_inputs(x, lengths, self.input_size)
-            padded = bool(len(lengths)) and int(lengths.min()) < x.size(1)
-            x = self.input_norm(x, mask if padded else None)
+            x = self.input_norm(x, mask if has_padding(lengths, x.size(1)) else None)
         for layer in self.layers:
             x = layer(x, lengths)
         return x
