@@ -4,6 +4,7 @@
 Usage: python compare.py sweep CFG... [--seeds 1,2,3] [--out DIR] [--baseline NAME] [--jobs N] [--section,option=value ...]
        python compare.py table EXP_DIR_OR_GLOB... [--baseline NAME] [--set test] [--csv F] [--markdown F]
                                [--plots DIR] [--pairs A:B,...] [--pending-ok] [--section NAME]
+       python compare.py archive EXP_DIR DEST
  e.g.: python compare.py sweep cfg/MINI_liBRU.cfg cfg/MINI_liGRU.cfg --seeds 1,2,3 --baseline MINI_liGRU
        python compare.py table exp/compare --baseline MINI_liGRU --markdown RESULTS.table.md --plots exp/compare/plots
 
@@ -18,6 +19,10 @@ table  groups experiment folders by config (everything but [exp] seed and out_fo
        over utterances) and the sign test (bru_kaldi/comparison/statistics.py says exactly how).
        --pairs A:B,C:D tests chosen pairs in a second table (A against B...); --section NAME puts the
        tables into the marked section of the --markdown file, with the date, machine and command.
+archive  copies what `table` reads of each finished run under EXP_DIR (config, res.res, logs, errors per
+       utterance, the parameter count; no weights: about 15 KB a run) to DEST/<path below EXP_DIR>, so
+       that a study's runs can be committed: `table DEST` gives the same table, and a sweep whose --out
+       holds a copy of them skips them as finished.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from pathlib import Path
 
 from bru_kaldi.atomic import write_text_atomically
 from bru_kaldi.comparison import report
-from bru_kaldi.comparison.runs import find_runs, group
+from bru_kaldi.comparison.runs import archive_run, find_runs, group
 from bru_kaldi.comparison.statistics import REPLICATIONS
 from bru_kaldi.comparison.sweep import run_sweep
 from bru_kaldi.config import ConfigError
@@ -95,6 +100,13 @@ def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plo
     return shown + ("\n\n" + report.pairs_markdown(named, test_set) if named else "")
 
 
+def archive(source, destination) -> list[Path]:
+    """Archive every finished run below ``source`` into the same place below ``destination``."""
+    source = Path(source).resolve()
+    return [archive_run(run, Path(destination) / run.folder.relative_to(source))
+            for run in find_runs([str(source)]) if run.finished]
+
+
 def parse_arguments(argv):
     usage = __doc__.split("\n\n")[1].replace("Usage: ", "", 1)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage=usage,
@@ -120,6 +132,9 @@ def parse_arguments(argv):
                                                                   "shown as pending (a study under way), not an error")
     shown.add_argument("--section", help="with --markdown F: replace that section of F (between "
                                          "<!-- compare.py SECTION --> and <!-- /compare.py SECTION -->)")
+    kept = verbs.add_parser("archive", help="copy the finished runs' results, without weights, to a folder")
+    kept.add_argument("source", type=Path, help="a folder of experiment folders (a sweep's --out)")
+    kept.add_argument("destination", type=Path)
     args, overrides = parser.parse_known_args(argv)
     if overrides and args.verb != "sweep":
         parser.error(f"unrecognised arguments: {' '.join(overrides)}")
@@ -138,6 +153,10 @@ def main(argv=None) -> int:
             print(table(args.folders, args.baseline, args.test_set, args.csv, args.markdown, args.plots,
                         args.replications, parse_pairs(args.pairs), args.section,
                         "python compare.py " + " ".join(sys.argv[1:] if argv is None else argv), args.pending_ok))
+            return 0
+        if args.verb == "archive":
+            copied = archive(args.source, args.destination)
+            print(f"compare.py: {len(copied)} finished runs of {args.source} archived in {args.destination}")
             return 0
         outcomes = run_sweep(args.configs, parse_seeds(args.seeds), args.out, overrides, jobs=args.jobs)
         print(table([str(args.out)], args.baseline, args.test_set))

@@ -177,6 +177,50 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert compare.main(["table", str(tmp_path / "runs"), "--pairs", "MINI_B"]) == 1
 
 
+def test_archived_runs_give_the_same_table_and_count_as_finished(tmp_path):
+    """compare.py archive keeps what the table reads, without weights: the archive gives the same table
+    (parameters included), a sweep sees its runs as finished, and an unfinished run is left out."""
+    import torch
+
+    from bru_kaldi.comparison.sweep import is_finished
+
+    rng = np.random.default_rng(2)
+    for seed in (1, 2):
+        for letter, unit in (("A", "ligru"), ("B", "libru")):
+            folder = tmp_path / "exp" / letter / f"seed{seed}"
+            fake_run(folder, f"MINI_{letter}", unit, seed, list(rng.integers(0, 5, 30)), 30, 29 + seed)
+            torch.save({"model": {"w": torch.zeros(3, 4), "b": torch.zeros(5 if letter == "A" else 7)}}, folder / "final.pt")
+            (folder / ".done").mkdir()
+            for stage in ("train", "decode"):
+                (folder / ".done" / stage).touch()
+    unfinished = tmp_path / "exp" / "B" / "seed3"
+    fake_run(unfinished, "MINI_B", "libru", 3, [1] * 30, 20, 20)
+    (unfinished / "res.res").write_text("".join((unfinished / "res.res").read_text().splitlines(True)[:2]))
+
+    assert compare.main(["archive", str(tmp_path / "exp"), str(tmp_path / "kept")]) == 0
+    kept = tmp_path / "kept"
+    assert sorted(str(p.relative_to(kept)) for p in kept.glob("*/*")) == ["A/seed1", "A/seed2", "B/seed1", "B/seed2"]
+    assert not list(kept.rglob("*.pt")) and (kept / "B" / "seed2" / "parameters").read_text() == "19\n"
+    assert is_finished(kept / "A" / "seed1") and (kept / "A" / "seed1" / "decode_test" / "per_utt").is_file()
+    original = compare.table([str(tmp_path / "exp" / "*" / "seed[12]")], baseline="MINI_A", replications=300)
+    assert compare.table([str(kept)], baseline="MINI_A", replications=300) == original
+    assert [r.parameters for s in group(find_runs([str(kept)])) for r in s.runs] == [17, 17, 19, 19]
+    assert compare.main(["archive", str(tmp_path / "nothing"), str(kept)]) == 1  # not a folder of runs
+
+
+def test_runs_on_clones_in_other_folders_are_seeds_of_one_system(tmp_path):
+    """The built-in corpus's folder, and the data paths below it, do not split a system; other data does."""
+    for seed, where in ((1, "/clone_a/recipes/mini_timit"), (2, "/clone_b/recipes/mini_timit"), (3, "/clone_a/other")):
+        folder = tmp_path / f"seed{seed}"
+        fake_run(folder, "MINI_A", "ligru", seed, [1] * 30, 30, 30)
+        resolved = folder / "config.resolved.cfg"
+        data = "/clone_a/recipes/mini_timit" if seed == 3 else where  # seed 3: the same corpus folder, other data
+        resolved.write_text(resolved.read_text().replace(
+            "device = auto\n", f"device = auto\nbuiltin_corpus_dir = {where}\n[dataset1]\nfea_lst = {data}/data/train/feats.scp\n"))
+    systems = group(find_runs([str(tmp_path)]))
+    assert sorted(s.seeds for s in systems) == [[1, 2], [3]]
+
+
 # --------------------------------------------------------------------------- a sweep, killed and resumed
 def test_a_sweep_on_the_tiny_corpus_is_killed_and_resumes(tiny_corpus, tmp_path):
     ligru = tmp_path / "tiny_liGRU.cfg"

@@ -4,7 +4,8 @@ Outputs, posteriors and the gradients of the input and of every parameter must a
 accelerated unit and option, both directions, ragged lengths with garbage in the padding, float64
 (to 1e-8) and float32 (to 1e-5), relative to the values' scale; each for both time-loop backends,
 the C++ kernels (models/fast/native.py, built here if need be: the tests require them) and the
-TorchScript loops (what runs on a GPU or without a compiler).
+TorchScript loops (what runs on a GPU or without a compiler). Where torch sees a GPU, the same tests
+run a third time with everything on it (backend ``cuda``: the TorchScript loops on CUDA tensors).
 """
 
 import pytest
@@ -46,19 +47,28 @@ def _assert_close(got, expected, dtype, what):
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance * scale, msg=lambda m: f"{what}: {m}")
 
 
-@pytest.fixture(params=["native", "torchscript"])
+BACKENDS = ["native", "torchscript"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def device_of(backend: str) -> torch.device:
+    return torch.device("cuda" if backend == "cuda" else "cpu")
+
+
+@pytest.fixture(params=BACKENDS)
 def backend(request, monkeypatch):
-    """The time-loop backend of the fast paths: ``BRU_KALDI_NATIVE=1`` (C++, must build) or ``0``."""
-    monkeypatch.setenv("BRU_KALDI_NATIVE", "1" if request.param == "native" else "0")
-    assert (native.native_ops(torch.zeros(1)) is not None) == (request.param == "native")
+    """The time-loop backend of the fast paths: ``BRU_KALDI_NATIVE=1`` (C++, must build) or ``0``;
+    ``cuda`` (only where there is a GPU): the layers and tensors on it, where only TorchScript runs."""
+    monkeypatch.setenv("BRU_KALDI_NATIVE", {"native": "1", "torchscript": "0", "cuda": "auto"}[request.param])
+    assert (native.native_ops(torch.zeros(1, device=device_of(request.param))) is not None) == (request.param == "native")
     return request.param
 
 
-def _compare(unit, options, bidirectional, dtype, hidden_size=5, T=11, lengths=(11, 6, 1, 9)):
+def _compare(unit, options, bidirectional, dtype, hidden_size=5, T=11, lengths=(11, 6, 1, 9), device="cpu"):
     layer = make_layer(unit, options, input_size=3, hidden_size=hidden_size, bidirectional=bidirectional,
-                       dtype=dtype, seed=3)
-    assert layer.cells[0].fast_forward(torch.zeros(1, 2, layer.proj.out_features // layer.num_directions, dtype=dtype),
-                                       torch.tensor([2])) is not None, "this variant should have a fast path"
+                       dtype=dtype, seed=3).to(device)
+    assert layer.cells[0].fast_forward(torch.zeros(1, 2, layer.proj.out_features // layer.num_directions, dtype=dtype,
+                                                   device=device),
+                                       torch.tensor([2], device=device)) is not None, "this variant should have a fast path"
     lengths = torch.tensor(lengths)
     B = len(lengths)
     generator = torch.Generator().manual_seed(7)
@@ -66,6 +76,7 @@ def _compare(unit, options, bidirectional, dtype, hidden_size=5, T=11, lengths=(
     for i, n in enumerate(lengths.tolist()):
         x[i, n:] = 1e3 * torch.randn(T - n, 3, generator=generator, dtype=dtype)  # garbage padding
     weights = torch.randn(B, T, layer.output_size, generator=generator, dtype=dtype)
+    x, weights, lengths = x.to(device), weights.to(device), lengths.to(device)
     reference = _run(layer, "reference", x, lengths, weights)
     fast = _run(layer, "fast", x, lengths, weights)
     _assert_close(fast[0], reference[0], dtype, "output")
@@ -79,7 +90,7 @@ def _compare(unit, options, bidirectional, dtype, hidden_size=5, T=11, lengths=(
 
 @pytest.mark.parametrize("unit, options, bidirectional, dtype", CASES, ids=[_case_id(c) for c in CASES])
 def test_fast_path_equals_reference(unit, options, bidirectional, dtype, backend):
-    _compare(unit, options, bidirectional, dtype)
+    _compare(unit, options, bidirectional, dtype, device=device_of(backend))
 
 
 @pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
@@ -98,11 +109,12 @@ def test_native_kernels_split_units_across_threads(unit, options, backend, monke
 @pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
 def test_fast_path_gradcheck_and_single_frame(unit, options, backend):
     """Finite differences through the hand-written backward passes, including T = 1 sequences."""
-    layer = make_layer(unit, options, input_size=2, hidden_size=3, bidirectional=True, dtype=torch.float64)
+    device = device_of(backend)
+    layer = make_layer(unit, options, input_size=2, hidden_size=3, bidirectional=True, dtype=torch.float64).to(device)
     names = [name for name, _ in layer.named_parameters()]
     params = tuple(p.detach().clone().requires_grad_() for p in layer.parameters())
-    for T, lengths in ((4, torch.tensor([4, 2])), (1, torch.tensor([1, 1]))):
-        x = torch.randn(2, T, 2, dtype=torch.float64, requires_grad=True)
+    for T, lengths in ((4, torch.tensor([4, 2], device=device)), (1, torch.tensor([1, 1], device=device))):
+        x = torch.randn(2, T, 2, dtype=torch.float64, device=device, requires_grad=True)
 
         def run(x, *params):
             return torch.func.functional_call(layer, dict(zip(names, params)), (x, lengths))
@@ -150,7 +162,7 @@ class _CountAllocations(TorchDispatchMode):
 
 
 def _allocations(layer, T):
-    x = torch.randn(2, T, 3)
+    x = torch.randn(2, T, 3, device=layer.proj.weight.device)
     with torch.no_grad(), _CountAllocations() as mode:
         layer(x, [T, T - 1])
     return mode.count
@@ -178,7 +190,7 @@ def _calls_inside_kernels(layer, T):
 def test_inference_allocates_nothing_per_step(unit, options, backend):
     """Without gradients the number of allocations does not grow with the number of frames. Inside the
     C++ kernels nothing of ATen runs per step at all (the products call BLAS directly)."""
-    layer = set_implementation(make_layer(unit, options, bidirectional=True), "fast")
+    layer = set_implementation(make_layer(unit, options, bidirectional=True).to(device_of(backend)), "fast")
     counts = [_allocations(layer, T) for T in (4, 24)]
     assert counts[0] == counts[1], counts
     if backend == "native":
@@ -203,8 +215,8 @@ def _saved_bytes(layer, x, lengths):
 
 @pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
 def test_training_memory_no_larger_than_the_reference(unit, options, backend):
-    layer = make_layer(unit, options, input_size=8, hidden_size=16, bidirectional=True)
-    x, lengths = torch.randn(4, 30, 8), [30, 20, 30, 5]
+    layer = make_layer(unit, options, input_size=8, hidden_size=16, bidirectional=True).to(device_of(backend))
+    x, lengths = torch.randn(4, 30, 8, device=device_of(backend)), [30, 20, 30, 5]
     fast = _saved_bytes(set_implementation(layer, "fast"), x.clone(), lengths)
     reference = _saved_bytes(set_implementation(layer, "reference"), x.clone(), lengths)
     assert fast <= reference, (fast, reference)
@@ -246,7 +258,7 @@ def test_softplus_recurrence_runs_backwards_in_time(backend):
     from models.fast.scans import SoftplusRecurrence
 
     generator = torch.Generator().manual_seed(0)
-    c, k, x0 = (torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True)
+    c, k, x0 = (torch.randn(*shape, generator=generator, dtype=torch.float64).to(device_of(backend)).requires_grad_()
                 for shape in ((6, 2, 3), (2, 3), (2, 3)))
     backwards = SoftplusRecurrence.apply(c, k, x0, True)
     flipped = SoftplusRecurrence.apply(c.flip(0), k, x0).flip(0)

@@ -6,6 +6,7 @@ so it is tested like behaviour.
 """
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -97,7 +98,9 @@ def test_a_wheel_installs_the_units_for_other_projects(tmp_path):
     elsewhere = tmp_path / "another_project"
     elsewhere.mkdir()
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=elsewhere,
-                         env={"PYTHONPATH": str(site), "SITE": str(site), "PATH": "/usr/bin:/bin",
+                         # the wheel first, then where this Python finds the dependencies if not in its site-packages
+                         env={"PYTHONPATH": os.pathsep.join([str(site)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+                              "SITE": str(site), "PATH": "/usr/bin:/bin",
                               "BRU_KALDI_NATIVE": "0"})  # the kernels build elsewhere in the suite
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["4", "True", "True"]

@@ -5,6 +5,10 @@ A run is what ``run_exp.py`` left in one experiment folder: ``config.resolved.cf
 (the weights, for the parameter count) and ``decode_<set>/per_utt`` (errors per utterance, for the
 tests). Runs whose resolved configs agree on everything but ``[exp] seed`` and ``[exp] out_folder``
 are the seeds of one :class:`System`.
+
+:func:`archive_run` copies those files of a finished run, without the weights (the parameter count goes
+into ``parameters``), so that a study's runs can be kept in the repository: they read back as the same
+runs, and a sweep over them skips them as finished.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import configparser
 import glob
 import hashlib
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -77,7 +82,11 @@ def read_run(folder) -> Run:
     parser = configparser.ConfigParser(interpolation=None)
     parser.optionxform = str
     parser.read_string(text)
-    options = {(f"[{s}] {o}", v) for s in parser.sections() for o, v in parser.items(s) if (s, o) not in PER_RUN}
+    # The built-in corpus's folder (in its data paths too) says where the run was, not what was trained:
+    # runs on clones in other folders are seeds of one system.
+    corpus = parser.get("exp", "builtin_corpus_dir", fallback="")
+    options = {(f"[{s}] {o}", v.replace(corpus, "$builtin_corpus_dir") if corpus else v)
+               for s in parser.sections() for o, v in parser.items(s) if (s, o) not in PER_RUN}
     shared = [f"{name} = {value}" for name, value in sorted(options)]
     source = first[len(RESOLVED_FROM):] if first.startswith(RESOLVED_FROM) else re.sub(r"_?seed\d+$", "", folder.name)
     stack = [v.strip() for v in parser.get("model", "stack", fallback="").split(",") if v.strip()]
@@ -97,12 +106,37 @@ def read_run(folder) -> Run:
     log = folder / "log.txt"
     speeds = [float(m[1]) for m in map(_FRAMES_PER_SECOND.search, log.read_text().splitlines()) if m] if log.is_file() else []
     run.frames_per_second = float(np.mean(speeds)) if speeds else None
-    final = folder / "final.pt"
+    final, archived = folder / "final.pt", folder / "parameters"
     if final.is_file():
         import torch  # only here: reading results needs no torch otherwise
 
         run.parameters = sum(t.numel() for t in torch.load(final, map_location="cpu", weights_only=True)["model"].values())
+    elif archived.is_file():
+        run.parameters = int(archived.read_text())
     return run
+
+
+# What archive_run keeps of a run (besides decode_<set>/per_utt): what read_run reads, the sweep's log,
+# and the stage markers (.done/) by which a sweep knows the run is finished.
+ARCHIVED = ("config.resolved.cfg", "res.res", "log.txt", "sweep.log")
+
+
+def archive_run(run: Run, destination) -> Path:
+    """Copy the files of finished ``run`` that tables and figures read into ``destination`` (made, or
+    replaced file by file), with its parameter count in ``parameters`` instead of its weights."""
+    if not run.finished:
+        raise ValueError(f"{run.folder}: not finished (res.res has no decoded set), so there is nothing to archive")
+    destination = Path(destination)
+    destination.mkdir(parents=True, exist_ok=True)
+    for name in ARCHIVED:
+        if (run.folder / name).is_file():
+            shutil.copy2(run.folder / name, destination / name)
+    for source in [*run.folder.glob("decode_*/per_utt"), *run.folder.glob(".done/*")]:
+        (destination / source.parent.name).mkdir(exist_ok=True)
+        shutil.copy2(source, destination / source.parent.name / source.name)
+    if run.parameters is not None:
+        (destination / "parameters").write_text(f"{run.parameters}\n")
+    return destination
 
 
 def find_runs(patterns: Sequence[str]) -> list[Run]:

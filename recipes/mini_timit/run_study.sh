@@ -15,7 +15,10 @@
 # resumes an unfinished one from its last checkpoint):
 #   1 phones   compare.py sweep of the MINI configs -> <out>/phones/<config>/seed<N>
 #   2 words    compare.py sweep of MINIW_liBRU, MINIW_liGRU, MINIW_LSTM -> <out>/words/...
-#   3 tables   compare.py table of both into RESULTS.md's generated sections; figures into results/
+#   3 tables   compare.py archive of the finished runs (no weights) into results/study_runs/, which is
+#              committed; compare.py table of that into RESULTS.md's generated sections; figures into results/
+# A study can take several sittings on several clones: stages 1 and 2 first copy into <out> the archived
+# runs it lacks, so that the sweeps skip them.
 
 # Begin configuration section.
 stage=1
@@ -50,6 +53,17 @@ done
 
 cd "$(dirname "$0")/../.."  # the repository: compare.py, cfg/ and RESULTS.md are read from there
 schedule=("--exp,n_epochs_tr=$epochs" "--exp,patience=$patience")
+kept=results/study_runs  # the archive of finished runs (stage 3), in the repository
+
+restore() {  # restore TASK: the archived runs of TASK that <out> has not finished, copied there
+  local run target
+  for run in "$kept/$1"/*/seed*; do
+    [ -d "$run" ] || continue
+    target=$out/$1/${run#"$kept/$1/"}
+    [ -e "$target/.done/decode" ] && continue
+    rm -rf "$target" && mkdir -p "$target" && cp -R "$run/." "$target/"
+  done
+}
 
 phones=(cfg/MINI_liBRU.cfg cfg/MINI_liGRU.cfg cfg/MINI_liBRU_bi.cfg cfg/MINI_liGRU_bi.cfg cfg/MINI_liGRU_bi3.cfg
         cfg/MINI_LBRU.cfg cfg/MINI_GRU.cfg cfg/MINI_GRU_bi.cfg cfg/MINI_LSTM.cfg
@@ -65,22 +79,27 @@ word_pairs=MINIW_liBRU:MINIW_liGRU,MINIW_LSTM:MINIW_liGRU
 
 if [ $stage -le 1 ] && [ $stop_stage -ge 1 ]; then
   echo "$(date '+%F %T') Stage 1: phones"
+  restore phones
   python compare.py sweep "${phones[@]}" --seeds $seeds --jobs $jobs --out $out/phones --baseline MINI_liGRU \
     "${schedule[@]}"
 fi
 
 if [ $stage -le 2 ] && [ $stop_stage -ge 2 ]; then
   echo "$(date '+%F %T') Stage 2: words"
+  restore words
   python compare.py sweep "${words[@]}" --seeds $seeds --jobs $jobs --out $out/words --baseline MINIW_liGRU \
     "${schedule[@]}"
 fi
 
 if [ $stage -le 3 ] && [ $stop_stage -ge 3 ]; then
   echo "$(date '+%F %T') Stage 3: tables"
-  python compare.py table $out/phones --baseline MINI_liGRU --pairs $phone_pairs \
+  for task in phones words; do
+    [ -d "$out/$task" ] && python compare.py archive "$out/$task" "$kept/$task"
+  done
+  python compare.py table $kept/phones --baseline MINI_liGRU --pairs $phone_pairs \
     --pending-ok --markdown RESULTS.md --section study-phones --plots results/study_phones
-  if [ -d $out/words ]; then
-    python compare.py table $out/words --baseline MINIW_liGRU --pairs $word_pairs \
+  if [ -d $kept/words ]; then
+    python compare.py table $kept/words --baseline MINIW_liGRU --pairs $word_pairs \
       --pending-ok --markdown RESULTS.md --section study-words --plots results/study_words
   fi
 fi
