@@ -31,6 +31,7 @@ import argparse
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from bru_kaldi.atomic import write_text_atomically
@@ -63,12 +64,15 @@ def parse_pairs(text: str) -> list[tuple[str, str]]:
 
 
 def provenance(systems, command: str) -> str:
-    """When, where and how a table was made, and what its runs cost: the line above a generated table."""
+    """When, where and how a table was made, what its runs cost and where they trained: the line above a
+    generated table (its runs may come from several sittings and machines)."""
     runs = [r for s in systems for r in s.runs if r.finished]
     hours = sum(r.training_seconds for r in runs) / 3600
+    machines = Counter(r.machine or "a machine not recorded" for r in runs)
+    trained = "; ".join(f"{machine} ({n} run{'s' if n != 1 else ''})" for machine, n in machines.most_common())
     return (f"Generated {time.strftime('%Y-%m-%d')} by `{command}` on {cpu_model()} "
             f"({os.cpu_count()} cores): {len(systems)} systems, {len(runs)} finished runs, "
-            f"{hours:.1f} h of training in all.")
+            f"{hours:.1f} h of training in all" + (f"; trained on {trained}." if runs else "."))
 
 
 def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plots=None,

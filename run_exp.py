@@ -46,6 +46,7 @@ from bru_kaldi.builtin_corpus import BuiltinCorpusError, ensure_builtin_corpus
 from bru_kaldi.config import Config, ConfigError, parse_config, parse_overrides, write_resolved
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
+from bru_kaldi.machine import run_line
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters, trained_architectures
 from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, epoch_rate, epochs_since_best,
                                 evaluate, feature_columns, gradient_norm, keep_best_weights, load_checkpoint,
@@ -359,6 +360,8 @@ def run(argv=None) -> None:
 
 def run_stages(args, config: Config, exp: Experiment, device: torch.device, dist: Distributed, argv) -> None:
     log.info("%s", " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]))
+    log.info("%s", run_line(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                            torch.get_num_threads(), torch.__version__))
     for note in dict.fromkeys(config.notes):  # a translated pytorch-kaldi config: what replaced what, once
         log.info("%s", note)
     if config.exp.mixed_precision and device.type != "cuda":

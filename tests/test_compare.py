@@ -104,7 +104,8 @@ def fake_run(folder: Path, name: str, unit: str, seed: int, errors: list[int], d
         "epoch=002 train_loss=1.5 train_err=0.4 dev_loss=1.9 dev_err=0.5500 lr_rec=0.002 time=31.0s\n"
         f"dev: %WER {dev:.2f} [ 1 / 2, 0 ins, 0 del, 1 sub ] acwt=0.2 decoder=python rtf=0.003\n"
         f"test: %WER {test:.2f} [ 1 / 2, 0 ins, 0 del, 1 sub ] acwt=0.2 decoder=python rtf=0.003\n")
-    (folder / "log.txt").write_text("12:00:00 epoch=001 ... (1000 frames/s)\n12:00:30 epoch=002 ... (3000 frames/s)\n")
+    (folder / "log.txt").write_text("12:00:00 machine: 2026-11-26, Some CPU, 2 cores, 1 thread, torch 2.13.0+cpu, device cpu\n"
+                                    "12:00:00 epoch=001 ... (1000 frames/s)\n12:00:30 epoch=002 ... (3000 frames/s)\n")
     (folder / "decode_test").mkdir()
     (folder / "decode_test" / "per_utt").write_text(
         "# utt ref_len errors ins del sub\n" + "".join(f"u{i:02d} 10 {e} 0 0 {e}\n" for i, e in enumerate(errors)))
@@ -168,7 +169,8 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     text = page.read_text()
     assert text.startswith("# Results\nabove\n<!-- compare.py study -->\nGenerated ") and text.endswith(
         "<!-- /compare.py study -->\nbelow\n")
-    assert "stale table" not in text and "3 systems, 6 finished runs, 0.1 h of training" in text
+    assert "stale table" not in text and "3 systems, 6 finished runs, 0.1 h of training in all; trained on " \
+        "Some CPU, 2 cores, 1 thread, torch 2.13.0+cpu, device cpu (6 runs)." in text
     assert f"by `python compare.py table {tmp_path / 'runs'} --markdown" in text
     assert text.count("\n| MINI_A | ligru") == 1 and "| MINI_B | MINI_A | 21.50 | 31.50 |" in text
     page.write_text("no markers here\n")

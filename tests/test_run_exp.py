@@ -83,6 +83,10 @@ def test_end_to_end_train_forward_decode_score(tiny_corpus, tmp_path):
     assert {m.shape[1] for m in loglikes.values()} == {read_transition_model(tiny_corpus.model).num_pdfs}
     for name in ("learning_curve.png", "final.pt", "checkpoint.pt", "config.resolved.cfg", "log.txt", "pdf_counts"):
         assert (exp_dir / name).is_file(), name
+    # where it ran, as compare.py reads it back
+    from bru_kaldi.comparison.runs import read_run
+
+    assert re.match(r".+, \d+ cores, 1 thread, torch \S+, device cpu$", read_run(exp_dir).machine), read_run(exp_dir).machine
 
     # a finished experiment is left alone, and says so
     before = (exp_dir / "final.pt").stat().st_mtime_ns

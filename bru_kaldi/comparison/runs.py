@@ -32,6 +32,7 @@ PER_RUN = {("exp", "seed"), ("exp", "out_folder"), ("exp", "device"), ("exp", "b
 _EPOCH = re.compile(r"^epoch=(\d+) .*dev_err=(\S+) .*time=(\S+)s")
 _DECODED = re.compile(r"^(\S+): %WER (\S+) \[ (\d+) / (\d+),")
 _FRAMES_PER_SECOND = re.compile(r"epoch=\d+ .*\((\d+) frames/s\)")
+_MACHINE = re.compile(r"machine: \d{4}-\d\d-\d\d, (.*)$")  # bru_kaldi.machine.run_line
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Run:
     errors: dict[str, float] = field(default_factory=dict)  # set -> error rate (percent), as res.res says
     frames_per_second: Optional[float] = None
     parameters: Optional[int] = None
+    machine: Optional[str] = None  # where it trained (CPU, cores, threads, torch, device), if log.txt says
 
     @property
     def finished(self) -> bool:
@@ -104,8 +106,11 @@ def read_run(folder) -> Run:
         elif m := _DECODED.match(line):
             run.errors[m[1]] = float(m[2])
     log = folder / "log.txt"
-    speeds = [float(m[1]) for m in map(_FRAMES_PER_SECOND.search, log.read_text().splitlines()) if m] if log.is_file() else []
+    lines = log.read_text().splitlines() if log.is_file() else []
+    speeds = [float(m[1]) for m in map(_FRAMES_PER_SECOND.search, lines) if m]
     run.frames_per_second = float(np.mean(speeds)) if speeds else None
+    machines = [m[1] for m in map(_MACHINE.search, lines) if m]
+    run.machine = machines[-1] if machines else None  # a resumed run: where it finished
     final, archived = folder / "final.pt", folder / "parameters"
     if final.is_file():
         import torch  # only here: reading results needs no torch otherwise
