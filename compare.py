@@ -20,7 +20,7 @@ table  groups experiment folders by config (everything but [exp] seed and out_fo
        --pairs A:B,C:D tests chosen pairs in a second table (A against B...); --section NAME puts the
        tables into the marked section of the --markdown file, with the date, machine and command.
 archive  copies what `table` reads of each finished run under EXP_DIR (config, res.res, logs, errors per
-       utterance, the parameter count; no weights: about 15 KB a run) to DEST/<path below EXP_DIR>, so
+       utterance, the parameter count; no weights: about 17 kB a run) to DEST/<path below EXP_DIR>, so
        that a study's runs can be committed: `table DEST` gives the same table, and a sweep whose --out
        holds a copy of them skips them as finished.
 """

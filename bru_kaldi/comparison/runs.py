@@ -121,9 +121,9 @@ def read_run(folder) -> Run:
     return run
 
 
-# What archive_run keeps of a run (besides decode_<set>/per_utt): what read_run reads, the sweep's log,
-# and the stage markers (.done/) by which a sweep knows the run is finished.
-ARCHIVED = ("config.resolved.cfg", "res.res", "log.txt", "sweep.log")
+# What archive_run keeps of a run (besides decode_<set>/per_utt): what read_run reads, and the stage
+# markers (.done/) by which a sweep knows the run is finished. (Not sweep.log: log.txt holds its lines.)
+ARCHIVED = ("config.resolved.cfg", "res.res", "log.txt")
 
 
 def archive_run(run: Run, destination) -> Path:
