@@ -150,7 +150,11 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert (b_vs_a.system_error, b_vs_a.against_error) == (21.5, 31.5)
     assert b_vs_a.versus == report.rows(systems, ["test"], "MINI_A", "test", replications=400)[1].versus
     assert b_vs_a.versus["probability_of_improvement"] > 0.99 and c_vs_b.versus["probability_of_improvement"] < 0.01
-    assert "| MINI_B | MINI_A | 21.50 | 31.50 | -10.00 |" in report.pairs_markdown([b_vs_a], "test")
+    assert "| MINI_B | MINI_A | 2 / 2 | 21.50 | 31.50 | -10.00 |" in report.pairs_markdown([b_vs_a], "test")
+    assert (b_vs_a.reading(), c_vs_b.reading()) == ("better (p < 0.05)", "worse (p < 0.05)")
+    (a_vs_c,) = report.pairs(systems, [("MINI_A", "MINI_C")], "test", replications=400)  # the same error rates
+    assert a_vs_c.versus["matched_pairs_p"] > 0.05 and a_vs_c.reading() == "no significant difference"
+    assert report.pairs_markdown([b_vs_a], "test").endswith(" | better (p < 0.05) |")
     with pytest.raises(ValueError, match="no system MINI_D"):
         report.pairs(systems, [("MINI_D", "MINI_A")], "test")
     (not_started,) = report.pairs(systems, [("MINI_D", "MINI_A")], "test", missing_ok=True)  # a study under way
@@ -160,7 +164,7 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     (unfinished / "res.res").write_text("".join((unfinished / "res.res").read_text().splitlines(True)[:2]))
     (pending,) = report.pairs(group(find_runs([str(tmp_path / "runs" / "*"), str(unfinished)])),
                               [("MINI_D", "MINI_A")], "test")
-    assert "| MINI_D | MINI_A | - | 31.50 | | no finished run of both yet | | |" in report.pairs_markdown([pending], "test")
+    assert "| MINI_D | MINI_A | 0 / 2 | - | 31.50 | | no finished run of both yet | | | |" in report.pairs_markdown([pending], "test")
 
     page = tmp_path / "RESULTS.md"
     page.write_text("# Results\nabove\n<!-- compare.py study -->\nstale table\n<!-- /compare.py study -->\nbelow\n")
@@ -172,7 +176,7 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert "stale table" not in text and "3 systems, 6 finished runs, 0.1 h of training in all; trained on " \
         "Some CPU, 2 cores, 1 thread, torch 2.13.0+cpu, device cpu (6 runs)." in text
     assert f"by `python compare.py table {tmp_path / 'runs'} --markdown" in text
-    assert text.count("\n| MINI_A | ligru") == 1 and "| MINI_B | MINI_A | 21.50 | 31.50 |" in text
+    assert text.count("\n| MINI_A | ligru") == 1 and "| MINI_B | MINI_A | 2 / 2 | 21.50 | 31.50 |" in text
     page.write_text("no markers here\n")
     assert compare.main(["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study"]) == 1
     assert page.read_text() == "no markers here\n"

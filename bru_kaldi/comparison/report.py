@@ -145,6 +145,16 @@ class Pair:
     system_error: Optional[float]  # None: no finished run yet (a study still under way)
     against_error: Optional[float]
     versus: dict[str, float]
+    seeds: tuple[int, int] = (0, 0)  # finished runs of each
+
+    def reading(self, alpha: float = 0.05) -> str:
+        """What the matched-pairs test says at level ``alpha``: ``better``/``worse`` (than ``against``)
+        or ``no significant difference``; empty before both systems have a finished run."""
+        if not self.versus:
+            return ""
+        if self.versus["matched_pairs_p"] >= alpha:
+            return "no significant difference"
+        return f"{'better' if self.system_error < self.against_error else 'worse'} (p < {alpha:g})"
 
 
 def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set: str,
@@ -156,33 +166,39 @@ def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set
     out = []
     for name, against in wanted:
         missing = [n for n in (name, against) if n not in by_name]
+        def finished(n):
+            return [r for r in by_name[n].runs if r.finished] if n in by_name else []
+
+        seeds = (len(finished(name)), len(finished(against)))
         if missing and missing_ok:
             def mean_error(n):
                 return _mean([r.errors.get(test_set) for r in by_name[n].runs]) if n in by_name else None
 
-            out.append(Pair(name, against, mean_error(name), mean_error(against), {}))
+            out.append(Pair(name, against, mean_error(name), mean_error(against), {}, seeds))
             continue
         if missing:
             raise ValueError(f"--pairs {name}:{against}: no system {', '.join(missing)}; the systems are "
                              f"{', '.join(by_name)}")
         mine, base = rows([by_name[name], by_name[against]], [test_set], against, test_set, replications)
-        out.append(Pair(name, against, _mean(mine.errors[test_set]), _mean(base.errors[test_set]), mine.versus))
+        out.append(Pair(name, against, _mean(mine.errors[test_set]), _mean(base.errors[test_set]), mine.versus, seeds))
     return out
 
 
 def pairs_markdown(table: Sequence[Pair], test_set: str) -> str:
-    """The pairs as a Markdown table: both means, the difference, and the three tests."""
-    lines = [f"| system | against | {test_set} error | against's | difference | P(better) | matched pairs p | sign test p |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    """The pairs as a Markdown table: both means and their seeds, the difference, the three tests, and
+    what the matched-pairs test says at the 5 % level."""
+    lines = [f"| system | against | seeds | {test_set} error | against's | difference | P(better) | matched pairs p | "
+             "sign test p | at 5 % |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for p in table:
-        v = p.versus
+        v, seeds = p.versus, f"{p.seeds[0]} / {p.seeds[1]}"
         if not v:
-            lines.append(f"| {p.system} | {p.against} | {_or_dash(p.system_error)} | {_or_dash(p.against_error)} | "
-                         "| no finished run of both yet | | |")
+            lines.append(f"| {p.system} | {p.against} | {seeds} | {_or_dash(p.system_error)} | "
+                         f"{_or_dash(p.against_error)} | | no finished run of both yet | | | |")
             continue
-        lines.append(f"| {p.system} | {p.against} | {p.system_error:.2f} | {p.against_error:.2f} | "
+        lines.append(f"| {p.system} | {p.against} | {seeds} | {p.system_error:.2f} | {p.against_error:.2f} | "
                      f"{p.system_error - p.against_error:+.2f} | {v['probability_of_improvement']:.3f} | "
-                     f"{v['matched_pairs_p']:.3g} | {v['sign_p']:.3g} |")
+                     f"{v['matched_pairs_p']:.3g} | {v['sign_p']:.3g} | {p.reading()} |")
     return "\n".join(lines)
 
 
