@@ -27,11 +27,12 @@ way, B=16, and in the ``cfg`` configuration at the target sizes (H=256 one way B
 with the target column), then the whole step; ``--targets`` only the ``cfg`` rows and the step;
 ``--full`` the whole grid (H=256 and 550, uni and bi, B=16, both configurations). ``--reference-repeats 1``
 adds the reference loops (minutes more: the baselines' loops take 5-20 s a pass). ``--markdown F`` also
-writes the ratios as a Markdown table (what RESULTS.md shows).
+writes the ratios as a Markdown table; with ``--section NAME`` the table replaces the block between
+``<!-- bench NAME -->`` and ``<!-- /bench NAME -->`` of F instead (how RESULTS.md gets its speed tables).
 
 Usage: python bench/recurrences.py [--targets | --full] [--hidden 256 550] [--directions uni bi]
                                    [--configs plain cfg] [--units lstm rnn:relu ubru:kalman ...] [--no-step]
-                                   [--markdown F]
+                                   [--markdown F [--section NAME]]
   e.g. python bench/recurrences.py --hidden 256 --directions uni --units libru ubru:kalman --reference-repeats 1
        python bench/recurrences.py --targets --repeats 7   (on a loaded machine: more repeats)
 """
@@ -48,6 +49,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import models  # noqa: E402
+from bru_kaldi.atomic import write_text_atomically  # noqa: E402
+from bru_kaldi.comparison.report import splice  # noqa: E402
 from bru_kaldi.machine import cpu_model, load_average  # noqa: E402
 from models.recurrent import set_implementation  # noqa: E402
 
@@ -214,7 +217,11 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-step", dest="step", action="store_false", help="leave out the whole training step")
     parser.add_argument("--markdown", help="also write the ratios to this file as a Markdown table")
+    parser.add_argument("--section", help="with --markdown F: replace that section of F (between "
+                                         "<!-- bench SECTION --> and <!-- /bench SECTION -->)")
     args = parser.parse_args()
+    if args.section and not args.markdown:
+        parser.error("--section needs --markdown FILE (the file whose section is replaced)")
     if args.targets and (args.hidden or args.directions or args.batch):
         parser.error("--targets sets its own sizes: leave out --hidden, --directions and --batch")
     print(" ".join(sys.argv))
@@ -289,9 +296,12 @@ def main():
         print(line)
         table.append(f"| TIMIT_liBRU step | cfg | 550 | bi | 8 | {libru_ms / lstm_ms:.2f} | <= {STEP_TARGET} {met} |")
     if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(f"`{' '.join(sys.argv)}`: {machine}; T={args.frames}, medians of {args.repeats}, "
-                    f"load average at the end {load_average()}\n\n" + "\n".join(table) + "\n")
+        text = (f"`{' '.join(sys.argv)}` on {time.strftime('%Y-%m-%d')}: {machine}; T={args.frames}, medians of "
+                f"{args.repeats}, load average at the end {load_average()}\n\n" + "\n".join(table))
+        if args.section:
+            with open(args.markdown) as f:
+                text = splice(f.read(), args.section, text, tool="bench")
+        write_text_atomically(args.markdown, text + ("" if args.section else "\n"))
     print(f"load average {load_average()}")
 
 

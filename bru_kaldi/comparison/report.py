@@ -206,9 +206,9 @@ def _or_dash(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def splice(document: str, name: str, text: str) -> str:
-    """``document`` with the lines between ``<!-- compare.py NAME -->`` and ``<!-- /compare.py NAME -->``
-    replaced by ``text``: how a generated table goes into a hand-written page.
+def splice(document: str, name: str, text: str, tool: str = "compare.py") -> str:
+    """``document`` with the lines between ``<!-- TOOL NAME -->`` and ``<!-- /TOOL NAME -->`` replaced by
+    ``text``: how a generated table goes into a hand-written page (``tool``: what generates it).
 
     >>> print(splice("a\\n<!-- compare.py t -->\\nold\\n<!-- /compare.py t -->\\nb", "t", "new"))
     a
@@ -217,7 +217,7 @@ def splice(document: str, name: str, text: str) -> str:
     <!-- /compare.py t -->
     b
     """
-    begin, end = f"<!-- compare.py {name} -->", f"<!-- /compare.py {name} -->"
+    begin, end = f"<!-- {tool} {name} -->", f"<!-- /{tool} {name} -->"
     if document.count(begin) != 1 or document.count(end) != 1 or document.index(begin) > document.index(end):
         raise ValueError(f"expected one line '{begin}' followed by one line '{end}' to put the table between")
     head, rest = document.split(begin, 1)
