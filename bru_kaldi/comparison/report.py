@@ -164,12 +164,13 @@ def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set
     pair without results."""
     by_name = {s.name: s for s in systems}
     out = []
+
+    def finished(n):
+        return sum(r.finished for r in by_name[n].runs) if n in by_name else 0
+
     for name, against in wanted:
         missing = [n for n in (name, against) if n not in by_name]
-        def finished(n):
-            return [r for r in by_name[n].runs if r.finished] if n in by_name else []
-
-        seeds = (len(finished(name)), len(finished(against)))
+        seeds = (finished(name), finished(against))
         if missing and missing_ok:
             def mean_error(n):
                 return _mean([r.errors.get(test_set) for r in by_name[n].runs]) if n in by_name else None
