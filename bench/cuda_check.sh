@@ -3,7 +3,8 @@
 #   1 the fast-path tests with the layers and tensors on the GPU (tests/test_fast_recurrences.py, backend cuda)
 #   2 bench/recurrences.py --targets on the GPU: every unit against cuDNN's LSTM, and the whole training step
 #   3 one epoch of cfg/MINI_liGRU.cfg and cfg/MINI_LSTM.cfg, then the main job (cfg/MINI_liBRU.cfg), timed
-#   4 the whole test suite (pytest-xdist if it is installed), where everything with [exp] device = auto runs on the GPU
+#   4 the whole test suite (pytest-xdist if it is installed): the tests that run shipped configs ([exp]
+#     device = auto) train on the GPU, those on the tiny test config (device = cpu) on the CPU
 #
 #   bench/cuda_check.sh OUT_DIR        # a log per step in OUT_DIR; a summary on stdout
 set -uo pipefail
