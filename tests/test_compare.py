@@ -152,7 +152,7 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert b_vs_a.versus["probability_of_improvement"] > 0.99 and c_vs_b.versus["probability_of_improvement"] < 0.01
     assert "| MINI_B | MINI_A | 2 / 2 | 21.50 | 31.50 | -10.00 |" in report.pairs_markdown([b_vs_a], "test")
     assert (b_vs_a.reading(), c_vs_b.reading()) == ("better (p < 0.05)", "worse (p < 0.05)")
-    (a_vs_c,) = report.pairs(systems, [("MINI_A", "MINI_C")], "test", replications=400)  # the same error rates
+    (a_vs_c,) = report.pairs(systems, [("MINI_A", "MINI_C")], "test", replications=400)  # errors drawn alike
     assert a_vs_c.versus["matched_pairs_p"] > 0.05 and a_vs_c.reading() == "no significant difference"
     assert report.pairs_markdown([b_vs_a], "test").endswith(" | better (p < 0.05) |")
     with pytest.raises(ValueError, match="no system MINI_D"):

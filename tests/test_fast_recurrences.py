@@ -101,7 +101,7 @@ def test_native_kernels_split_units_across_threads(unit, options, backend, monke
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        _compare(unit, options, True, torch.float64, hidden_size=45, T=7, lengths=(7, 3, 7))
+        _compare(unit, options, True, torch.float64, hidden_size=45, T=7, lengths=(7, 3, 7), device=device_of(backend))
     finally:
         torch.set_num_threads(threads)
 

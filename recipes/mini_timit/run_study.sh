@@ -3,7 +3,7 @@
 # task, Li-BRU, Li-GRU and LSTM at seeds 1-3 on the word task, each trained until its dev error stops
 # improving; then the tables (with the papers' comparisons as named pairs) and the figures.
 #
-#   recipes/mini_timit/run_study.sh                 # everything not yet finished (about 6 h on 2 cores)
+#   recipes/mini_timit/run_study.sh                 # everything not yet finished (phones: about 6 h on 2 cores)
 #   recipes/mini_timit/run_study.sh --stage 3       # only the tables and figures, from the runs so far
 #
 # The schedule (the budget): at most 24 epochs, as the papers' TIMIT recipes; the rate halves after an
