@@ -318,6 +318,23 @@ def test_one_config_run_with_and_without_an_override_gives_two_named_systems(tmp
         ("MINI_A", "MINI_A(opt_bias_correction=False)")]
 
 
+def test_the_same_override_in_two_architectures_names_the_system_once(tmp_path):
+    """A stack of two architectures (each with its optimiser) swept with the override in both sections is
+    named by the option once, the name --pairs gives for every config of the study's seeds-fix table."""
+    second = "[architecture2]\narch_name = top\nunit = ubru\nsizes = 8\nbidirectional = False\n"
+    for variant in ("after", "before"):
+        folder = tmp_path / variant / "seed1"
+        fake_run(folder, "MINI_AB", "ligru", 1, [1] * 30, 20, 20)
+        resolved = folder / "config.resolved.cfg"
+        text = resolved.read_text().replace("[model]\nstack = rec\n", second + "[model]\nstack = rec,top\n")
+        if variant == "before":
+            text = text.replace("sizes = 8,8\n", "sizes = 8,8\nopt_bias_correction = False\n")
+            text = text.replace("sizes = 8\n", "sizes = 8\nopt_bias_correction = False\n")
+        resolved.write_text(text)
+    systems = group(find_runs([str(tmp_path / "*" / "seed*")]))
+    assert [s.name for s in systems] == ["MINI_AB", "MINI_AB(opt_bias_correction=False)"]
+
+
 def test_a_terminated_sweep_stops_the_runs_it_started(tmp_path):
     """kill (SIGTERM) of the sweep ends its runs too, instead of leaving them to train unattended."""
     fake = tmp_path / "python"

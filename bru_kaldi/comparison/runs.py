@@ -197,7 +197,8 @@ def group(runs: Sequence[Run]) -> list[System]:
         if run.key not in systems:
             base = Path(run.source).stem
             first = first_of.setdefault(base, run)
-            differs = sorted(f"{option.split('] ')[-1]}={value}" for option, value in run.options - first.options)
+            # a set: the same override in two sections (each architecture's optimiser) names the system once
+            differs = sorted({f"{option.split('] ')[-1]}={value}" for option, value in run.options - first.options})
             name = base if first is run else (f"{base}({', '.join(differs)})" if 0 < len(differs) <= 3
                                               else f"{base}#{run.key[:6]}")
             systems[run.key] = System(name, [])

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The unit comparison of RESULTS.md on the built-in corpus: every MINI config at seeds 1-3 on the phone
 # task, Li-BRU, Li-GRU and LSTM at seeds 1-3 on the word task, each trained until its dev error stops
-# improving; then the tables (with the papers' comparisons as named pairs) and the figures.
+# improving; then the same phone sweep with plain RMSprop, the "before" of the seeds fix
+# (opt_bias_correction, cfg/README.md); then the tables (with the papers' comparisons as named pairs)
+# and the figures.
 #
 #   recipes/mini_timit/run_study.sh                 # everything not yet finished (phones: about 6 h on 2 cores)
-#   recipes/mini_timit/run_study.sh --stage 3       # only the tables and figures, from the runs so far
+#   recipes/mini_timit/run_study.sh --stage 4       # only the tables and figures, from the runs so far
 #
 # The schedule (the budget): at most 24 epochs, as the papers' TIMIT recipes; the rate halves after an
 # epoch that does not improve the dev frame error by 0.1 % (relative), as in the papers; a run stops
@@ -15,17 +17,21 @@
 # resumes an unfinished one from its last checkpoint):
 #   1 phones   compare.py sweep of the MINI configs -> <out>/phones/<config>/seed<N>
 #   2 words    compare.py sweep of MINIW_liBRU, MINIW_liGRU, MINIW_LSTM -> <out>/words/...
-#   3 tables   compare.py archive of the finished runs (no weights) into results/study_runs/, which is
+#   3 plain    stage 1 again with opt_bias_correction = False in every architecture (plain RMSprop, the
+#              configs as they were before the seeds fix) -> <out>/phones_plain/...; each config is
+#              paired with its stage-1 runs, so stage 1 is the "after" of the fix at the study's schedule
+#   4 tables   compare.py archive of the finished runs (no weights) into results/study_runs/, which is
 #              committed; compare.py table of that into RESULTS.md's generated sections; figures into results/
-# A study can take several sittings on several clones: stages 1 and 2 first copy into <out> the archived
+# A study can take several sittings on several clones: stages 1-3 first copy into <out> the archived
 # runs it lacks, so that the sweeps skip them.
 
 # Begin configuration section.
 stage=1
-stop_stage=3
+stop_stage=4
 seeds=1,2,3
 jobs=2              # runs at a time, each with cores / jobs threads
 out=exp/study
+archive=results/study_runs  # the finished runs without weights (stage 4), committed: the study's memory
 epochs=24
 patience=2
 # End configuration section.
@@ -35,10 +41,10 @@ set -euo pipefail
 usage() {
   cat >&2 <<USAGE
 Usage: $0 [options]
- e.g.: $0 --stage 3
+ e.g.: $0 --stage 4
 Options (defaults in brackets):
-  --stage N [$stage]  --stop-stage N [$stop_stage]   first and last stage to run (1-3)
-  --seeds LIST [$seeds]   --jobs N [$jobs]   --out DIR [$out]
+  --stage N [$stage]  --stop-stage N [$stop_stage]   first and last stage to run (1-4)
+  --seeds LIST [$seeds]   --jobs N [$jobs]   --out DIR [$out]   --archive DIR [$archive]
   --epochs N [$epochs]   --patience N [$patience]   the schedule's budget and stopping rule
 USAGE
   exit 1
@@ -51,9 +57,10 @@ for n in "$stage" "$stop_stage" "$jobs" "$epochs" "$patience"; do
   case "$n" in ''|*[!0-9]*) echo "$0: Error: --stage, --stop-stage, --jobs, --epochs and --patience take integers, got '$n'" >&2; usage ;; esac
 done
 
-cd "$(dirname "$0")/../.."  # the repository: compare.py, cfg/ and RESULTS.md are read from there
+cd "$(dirname "$0")/../.."  # the repository: compare.py, cfg/ and RESULTS.md are read from there (and
+                            # relative --out and --archive)
 schedule=("--exp,n_epochs_tr=$epochs" "--exp,patience=$patience")
-kept=results/study_runs  # the archive of finished runs (stage 3), in the repository
+kept=$archive
 
 restore() {  # restore TASK: the archived runs of TASK that <out> has not finished, copied there
   local run target
@@ -67,7 +74,8 @@ restore() {  # restore TASK: the archived runs of TASK that <out> has not finish
 
 phones=(cfg/MINI_liBRU.cfg cfg/MINI_liGRU.cfg cfg/MINI_liBRU_bi.cfg cfg/MINI_liGRU_bi.cfg cfg/MINI_liGRU_bi3.cfg
         cfg/MINI_LBRU.cfg cfg/MINI_GRU.cfg cfg/MINI_GRU_bi.cfg cfg/MINI_LSTM.cfg
-        cfg/MINI_UBRU.cfg cfg/MINI_UBRU_kalman.cfg cfg/MINI_UBRU_hmm.cfg cfg/MINI_UBRU_bi.cfg cfg/MINI_liGRU_UBRU.cfg)
+        cfg/MINI_UBRU.cfg cfg/MINI_UBRU_kalman.cfg cfg/MINI_UBRU_hmm.cfg cfg/MINI_UBRU_bi.cfg cfg/MINI_liGRU_UBRU.cfg
+        cfg/MINI_MGU.cfg)
 words=(cfg/MINIW_liBRU.cfg cfg/MINIW_liGRU.cfg cfg/MINIW_LSTM.cfg)
 
 # The papers' comparisons, system:against (RESULTS.md says which paper and table each one checks).
@@ -76,6 +84,11 @@ phone_pairs+=,MINI_UBRU_kalman:MINI_UBRU,MINI_UBRU_hmm:MINI_UBRU,MINI_UBRU_kalma
 phone_pairs+=,MINI_liGRU_UBRU:MINI_liGRU_bi,MINI_liGRU_UBRU:MINI_liGRU_bi3
 phone_pairs+=,MINI_LBRU:MINI_GRU_bi,MINI_LBRU:MINI_GRU
 word_pairs=MINIW_liBRU:MINIW_liGRU,MINIW_LSTM:MINIW_liGRU
+# Each config against its plain-RMSprop twin of stage 3 (compare.py names a config run with overrides
+# NAME(option=value)): the seeds fix's before and after.
+plain=(--architecture1,opt_bias_correction=False)
+fix_pairs=$(for cfg in "${phones[@]}"; do name=$(basename "$cfg" .cfg); printf '%s:%s(opt_bias_correction=False),' "$name" "$name"; done)
+fix_pairs=${fix_pairs%,}
 
 if [ $stage -le 1 ] && [ $stop_stage -ge 1 ]; then
   echo "$(date '+%F %T') Stage 1: phones"
@@ -92,8 +105,20 @@ if [ $stage -le 2 ] && [ $stop_stage -ge 2 ]; then
 fi
 
 if [ $stage -le 3 ] && [ $stop_stage -ge 3 ]; then
-  echo "$(date '+%F %T') Stage 3: tables"
-  for task in phones words; do
+  echo "$(date '+%F %T') Stage 3: phones with plain RMSprop"
+  restore phones_plain
+  one_stack=()
+  for cfg in "${phones[@]}"; do [ "$cfg" = cfg/MINI_liGRU_UBRU.cfg ] || one_stack+=("$cfg"); done
+  python compare.py sweep "${one_stack[@]}" --seeds $seeds --jobs $jobs --out $out/phones_plain \
+    --baseline MINI_liGRU "${schedule[@]}" "${plain[@]}"
+  # its UBRU on top is a second architecture, with its own optimiser
+  python compare.py sweep cfg/MINI_liGRU_UBRU.cfg --seeds $seeds --jobs $jobs --out $out/phones_plain \
+    "${schedule[@]}" "${plain[@]}" --architecture2,opt_bias_correction=False
+fi
+
+if [ $stage -le 4 ] && [ $stop_stage -ge 4 ]; then
+  echo "$(date '+%F %T') Stage 4: tables"
+  for task in phones words phones_plain; do
     [ -d "$out/$task" ] && python compare.py archive "$out/$task" "$kept/$task"
   done
   python compare.py table $kept/phones --baseline MINI_liGRU --pairs $phone_pairs \
@@ -101,5 +126,9 @@ if [ $stage -le 3 ] && [ $stop_stage -ge 3 ]; then
   if [ -d $kept/words ]; then
     python compare.py table $kept/words --baseline MINIW_liGRU --pairs $word_pairs \
       --pending-ok --markdown RESULTS.md --section study-words --plots results/study_words
+  fi
+  if [ -d $kept/phones_plain ]; then
+    python compare.py table $kept/phones $kept/phones_plain --baseline MINI_liGRU --pairs "$fix_pairs" \
+      --pending-ok --markdown RESULTS.md --section study-seeds-fix
   fi
 fi
