@@ -62,6 +62,7 @@ log = logging.getLogger("run_exp")
 
 # --------------------------------------------------------------------------- training
 def train(config: Config, exp: Experiment, device: torch.device, dist: Distributed) -> None:
+    """Train on ``train_with`` chunk by chunk, validate on ``valid_with`` each epoch; resumes from ``checkpoint.pt``."""
     senone = config.model.senone_lab
     train_spec = dataset_for(config, config.data_use.train_with, with_labels=True)
     inputs = fingerprint(train_spec)
@@ -227,6 +228,7 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
 
 # --------------------------------------------------------------------------- forward
 def load_trained(config: Config, model_dir: Path, device: torch.device) -> AcousticModel:
+    """The model of ``model_dir/final.pt``, built from ``config``'s architectures, in evaluation mode."""
     path = model_dir / "final.pt"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no trained model (run the training first, or give --model EXP_DIR)")
@@ -290,6 +292,7 @@ def decode_jobs(config: Config, exp: Experiment, model_dir: Path) -> list:
 
 
 def decode_and_score(config: Config, exp: Experiment, model_dir: Path, history: list[dict]) -> None:
+    """Decode every forwarded set (scales tuned on dev), score it, and add its error line to ``res.res``."""
     jobs = decode_jobs(config, exp, model_dir)
     if not jobs:
         return

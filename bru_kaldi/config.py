@@ -86,6 +86,8 @@ def choice(*values, default=None, help=""):
 # --------------------------------------------------------------------------- schema
 @dataclass
 class Exp:
+    """``[exp]``: where the run writes, its seed, its epochs and stopping rule, its device, the built-in corpus."""
+
     out_folder: str = ""  # experiment folder: checkpoints, res.res, posteriors, decodes
     seed: int = 1234
     n_epochs_tr: int = 24  # with patience, the most epochs a run may take (its budget)
@@ -138,6 +140,8 @@ class Dataset:
 
 @dataclass
 class DataUse:
+    """``[data_use]``: which ``data_name`` trains, which validates each epoch, which are forwarded and decoded."""
+
     train_with: str = ""
     valid_with: str = ""
     forward_with: list[str] = field(default_factory=list)
@@ -145,6 +149,8 @@ class DataUse:
 
 @dataclass
 class Batches:
+    """``[batches]``: utterances (or frames, ``batch_unit``) a batch, and where long training utterances are cut."""
+
     batch_size_train: int = 8
     max_seq_length_train: int = 1000
     batch_size_valid: int = 8
@@ -167,6 +173,8 @@ class Batches:
 
 @dataclass
 class Architecture:
+    """``[architectureN]``: one block of recurrent layers (unit, sizes, directions, norm, dropout) and its optimiser."""
+
     arch_name: str = ""
     unit: str = "libru"  # a name of models.UNITS, checked where the model is built (bru_kaldi.network)
     sizes: list[int] = field(default_factory=list)  # one per layer
@@ -215,6 +223,8 @@ class Architecture:
 
 @dataclass
 class Model:
+    """``[model]``: the architectures stacked in order, the input streams, the outputs and their losses."""
+
     stack: list[str] = field(default_factory=list)  # arch_name of each architecture, input first
     inputs: list[str] = field(default_factory=list)  # fea_name of the streams concatenated per frame
     senone_lab: str = "lab_cd"
@@ -235,6 +245,8 @@ class Model:
 
 @dataclass
 class Forward:
+    """``[forward]``: how posteriors become the log-likelihoods written for the decoder."""
+
     normalize_posteriors: bool = True  # log-likelihoods = log posteriors - log priors
     normalize_with_counts_from: str = "lab_cd"  # the label stream whose counts give the priors: the senone one
     require_decoding: bool = True
@@ -242,6 +254,8 @@ class Forward:
 
 @dataclass
 class Decoding:
+    """``[decoding]``: the decoder, its beams, the acoustic scales and insertion penalties tried on dev, the scoring."""
+
     decoder: str = choice(*DECODERS, default="auto")  # auto: Kaldi when its binaries are found
     scoring: str = choice(*SCORINGS, default="timit")
     min_active: int = 200
@@ -258,6 +272,8 @@ class Decoding:
 
 @dataclass
 class Config:
+    """A whole experiment config, parsed and validated by :func:`parse_config_text`: typed, not strings."""
+
     exp: Exp
     datasets: list[Dataset]
     data_use: DataUse

@@ -23,6 +23,8 @@ from bru_kaldi.comparison.runs import System
 
 @dataclass
 class Row:
+    """One system's line of the table: what it is, what it cost, its errors per seed and set, its tests."""
+
     name: str
     units: str
     parameters: Optional[int]

@@ -107,6 +107,8 @@ def probability_of_improvement(errors_a, errors_b, lengths, replications: int = 
 
 @dataclass(frozen=True)
 class PairedTest:
+    """A two-sided test of two systems over the same utterances: its statistic and p-value."""
+
     statistic: float
     p_value: float
     wins: int = 0  # utterances where B made fewer errors (sign test)

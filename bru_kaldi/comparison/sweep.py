@@ -25,6 +25,8 @@ RUN_EXP = Path(__file__).resolve().parents[2] / "run_exp.py"
 
 @dataclass
 class Outcome:
+    """What became of one (config, seed) run of a sweep."""
+
     config: Path
     seed: int
     folder: Path
