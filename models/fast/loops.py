@@ -15,7 +15,7 @@ table: ``models.UNITS``, and ``rnn_tanh`` / ``rnn_relu``). What each keeps for b
 unit          kept per frame besides ``h_t``                            values per unit
 ============  =======================================================  ====================
 ``bru``       nothing (``1 - sigma(a) = -expm1(log h)``)               0
-``libru``     ``[log z, log h~]``, ``log h_{t-1} - a_z``               3
+``libru``     ``[log z, log h~]``, ``log h_{t-1} - a_z``               3 (C++: 4)
 ``ligru``     the pre-activations ``[a_z, a_h]``                        2
 ``rnn_*``     nothing (both derivatives come from ``h_t``)             0
 ``gru``       ``[r, z, n]`` and ``U h_{t-1} + b_hh`` (all three gates)  6 (C++: 4)

@@ -548,25 +548,39 @@ struct BRU : Unit {
   }
 };
 
-// Li-BRU, eq. 7c in log space, gates [z, h~]: log h_t = log z + logaddexp(log h~, log h_{t-1} - a_z), as
-// log(1 - z) = log z - a_z. Keeps [log z, log h~, log h_{t-1} - a_z].
+// Li-BRU, eq. 7c in log space, gates [z, h~]: log h_t = log z + logaddexp(log h~, d), d = log h_{t-1} - a_z,
+// as log(1 - z) = log z - a_z. The derivatives are ratios of terms of h_t = z h~ + (1 - z) h_{t-1}:
+// with w = z h~ / h_t (the new candidate's weight), dlog h_t / da_z = w - z, dlog h_t / da_h = w (1 - h~),
+// dlog h_t / dlog h_{t-1} = (1 - z) h_{t-1} / h_t = 1 - w. Forward has every exp they need: with
+// e = exp(-|log h~ - d|) (logaddexp's own), w and 1 - w are 1 / (1 + e) and e / (1 + e), the larger
+// term's first; z and 1 - h~ come from exp(-|a|) the same way. So forward keeps [w, 1 - w, z, 1 - h~]
+// (each formed as a ratio, never as 1 minus another: exact where it is tiny) and backward computes no
+// exp or log: 5 transcendental functions a step instead of 10. log z and logaddexp's log1p are one log of
+// a ratio (as softplus_difference).
 struct LiBRU : Unit {
-  static constexpr int64_t kGates = 2, kKept = 3;
+  static constexpr int64_t kGates = 2, kKept = 4;
   template <typename T>
   static Vec<T> forward(const ForwardLane<T>& x) {
-    const auto a_z = x.pre(0), log_z = log_sigmoid(a_z), log_c = log_sigmoid(x.pre(1)), d = x.previous() - a_z;
-    x.keep(0, log_z), x.keep(1, log_c), x.keep(2, d);
-    return log_z + logaddexp(log_c, d);
+    const Vec<T> zero(T(0)), one(T(1));
+    const auto a_z = x.pre(0), a_c = x.pre(1), d = x.previous() - a_z;
+    const auto e_z = a_z.abs().neg().exp(), e_c = a_c.abs().neg().exp();
+    const auto r_z = one / (one + e_z), r_c = one / (one + e_c);
+    const auto log_c = at::vec::minimum(a_c, zero) - e_c.log1p();
+    const auto e = (log_c - d).abs().neg().exp(), r = one / (one + e);
+    const auto candidate_larger = log_c >= d;
+    x.keep(0, Vec<T>::blendv(e * r, r, candidate_larger));    // w
+    x.keep(1, Vec<T>::blendv(r, e * r, candidate_larger));    // 1 - w
+    x.keep(2, Vec<T>::blendv(e_z * r_z, r_z, a_z >= zero));  // z
+    x.keep(3, Vec<T>::blendv(r_c, e_c * r_c, a_c >= zero));  // 1 - h~
+    // log z + max(log h~, d) + log1p(e), log z = min(a_z, 0) - log1p(e_z)
+    return at::vec::minimum(a_z, zero) + at::vec::maximum(log_c, d) + ((one + e) * r_z).log();
   }
-  // With w = z h~ / h_t (the new candidate's weight in eq. 7c): dlog h_t / da_z = w - z,
-  // dlog h_t / da_h = w (1 - h~), dlog h_t / dlog h_{t-1} = (1 - z) h_{t-1} / h_t.
   template <typename T>
   static Vec<T> backward(const BackwardLane<T>& x) {
-    const auto log_z = x.saved(0), log_c = x.saved(1), ratio = log_z - load(x.out, x.m);  // log z - log h_t
-    const auto w = (ratio + log_c).exp();
-    x.grad(0, x.g * (w - log_z.exp()));
-    x.grad(1, x.g * w * log_c.expm1().neg());
-    return x.g * (x.saved(2) + ratio).exp();
+    const auto w = x.saved(0);
+    x.grad(0, x.g * (w - x.saved(2)));
+    x.grad(1, x.g * w * x.saved(3));
+    return x.g * x.saved(1);
   }
 };
 
