@@ -365,3 +365,10 @@ def _alive(pid: int, wait: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def test_a_mean_over_seeds_of_epochs_reads_as_a_number_of_epochs():
+    """Runs stopped by patience after 17, 17 and 18 epochs: the table says 17.3, not 17.3333."""
+    row = report.Row("MINI_A", "ligru 2x8 bi", 17, 52 / 3, 600.0, 1000.0, {"test": [20.0, 21.0]},
+                     {"test": (20.5, 18.0, 23.0)}, {})
+    assert "| 17.3 | 10.0 min |" in report.markdown([row], "test")

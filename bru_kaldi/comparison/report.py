@@ -85,7 +85,7 @@ def _cells(row: Row, sets: Sequence[str], test_set: str) -> list[str]:
         return "" if value is None else format(value, fmt)
 
     cells = [row.name, row.units, "" if row.parameters is None else f"{row.parameters / 1e6:.2f}M",
-             number(row.epochs, "g"), "" if row.seconds is None else f"{row.seconds / 60:.1f} min",
+             number(row.epochs, ".3g"), "" if row.seconds is None else f"{row.seconds / 60:.1f} min",
              number(row.frames_per_second, ".0f")]
     for name in sets:
         values = row.errors.get(name, [])
