@@ -5,7 +5,7 @@
 # (opt_bias_correction, cfg/README.md); then the tables (with the papers' comparisons as named pairs)
 # and the figures.
 #
-#   recipes/mini_timit/run_study.sh                 # everything not yet finished (phones: about 6 h on 2 cores)
+#   recipes/mini_timit/run_study.sh                 # everything not yet finished (each phone sweep about 6 h on 2 cores)
 #   recipes/mini_timit/run_study.sh --stage 4       # only the tables and figures, from the runs so far
 #
 # The schedule (the budget): at most 24 epochs, as the papers' TIMIT recipes; the rate halves after an
