@@ -85,8 +85,8 @@ phone_pairs+=,MINI_liGRU_UBRU:MINI_liGRU_bi,MINI_liGRU_UBRU:MINI_liGRU_bi3
 phone_pairs+=,MINI_LBRU:MINI_GRU_bi,MINI_LBRU:MINI_GRU
 word_pairs=MINIW_liBRU:MINIW_liGRU,MINIW_LSTM:MINIW_liGRU
 # Each config against its plain-RMSprop twin of stage 3 (compare.py names a config run with overrides
-# NAME(option=value)): the seeds fix's before and after.
-plain=(--architecture1,opt_bias_correction=False)
+# NAME(option=value), the option once however many architectures it is set in): the seeds fix's before
+# and after.
 fix_pairs=$(for cfg in "${phones[@]}"; do name=$(basename "$cfg" .cfg); printf '%s:%s(opt_bias_correction=False),' "$name" "$name"; done)
 fix_pairs=${fix_pairs%,}
 
@@ -107,13 +107,20 @@ fi
 if [ $stage -le 3 ] && [ $stop_stage -ge 3 ]; then
   echo "$(date '+%F %T') Stage 3: phones with plain RMSprop"
   restore phones_plain
-  one_stack=()
-  for cfg in "${phones[@]}"; do [ "$cfg" = cfg/MINI_liGRU_UBRU.cfg ] || one_stack+=("$cfg"); done
-  python compare.py sweep "${one_stack[@]}" --seeds $seeds --jobs $jobs --out $out/phones_plain \
-    --baseline MINI_liGRU "${schedule[@]}" "${plain[@]}"
-  # its UBRU on top is a second architecture, with its own optimiser
-  python compare.py sweep cfg/MINI_liGRU_UBRU.cfg --seeds $seeds --jobs $jobs --out $out/phones_plain \
-    "${schedule[@]}" "${plain[@]}" --architecture2,opt_bias_correction=False
+  # plain RMSprop in every architecture a config has (each has its own optimiser), so the configs go in
+  # one sweep per number of [architectureN] sections
+  declare -A by_count=()
+  for cfg in "${phones[@]}"; do
+    n=$(grep -c '^\[architecture[0-9]' "$cfg")
+    by_count[$n]+="$cfg "
+  done
+  for n in $(printf '%s\n' "${!by_count[@]}" | sort -n); do
+    plain=()
+    for i in $(seq 1 "$n"); do plain+=("--architecture$i,opt_bias_correction=False"); done
+    # shellcheck disable=SC2086  # the configs' paths have no spaces
+    python compare.py sweep ${by_count[$n]} --seeds $seeds --jobs $jobs --out $out/phones_plain \
+      "${schedule[@]}" "${plain[@]}"
+  done
 fi
 
 if [ $stage -le 4 ] && [ $stop_stage -ge 4 ]; then
