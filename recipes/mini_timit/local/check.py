@@ -99,21 +99,43 @@ def check_split(root: Path, split: str, phones: set[str], tid2pdf: np.ndarray, n
     return set(tables["spk2utt"])
 
 
-def oracle_decode(root: Path, split: str, tid2pdf: np.ndarray, num_pdfs: int):
-    """Decode the aligned pdfs of ``split`` as one-hot log-likelihoods; returns scoring's Score."""
-    from bru_kaldi import decoding as decode
-    from bru_kaldi import scoring
+def oracle_decode(ali_dir: Path, graph_dir: Path, text: Path, tm, filter_name: str):
+    """Decode the aligned pdfs of ``ali_dir`` (one-hot log-likelihoods) through ``graph_dir`` and score them
+    against ``text`` with scoring's ``filter_name``; returns (scoring's Score, {utt: words})."""
+    from bru_kaldi import decoding, scoring
 
-    graph = decode.load_graph(root / "exp" / "mono" / "graph" / "HCLG.fst")
-    words = dict(reversed(line.split()) for line in (root / "exp" / "mono" / "graph" / "words.txt").read_text().splitlines())
-    refs = {u: t.split() for u, t in read_table(root / "data" / split / "text").items()}
+    graph = decoding.load_graph(graph_dir / "HCLG.fst")
+    words = decoding.read_words(graph_dir / "words.txt")
+    refs = {u: t.split() for u, t in read_table(text).items()}
     hyps = {}
-    for utt, ali in sorted(read_alignments(root / "exp" / f"mono_ali_{split}").items()):
-        loglikes = np.full((len(ali), num_pdfs), OFF_PATH_LOGLIKE, dtype=np.float32)
-        loglikes[np.arange(len(ali)), tid2pdf[ali]] = 0.0
-        result = decode.decode(loglikes, graph, tid2pdf)
-        hyps[utt] = [words[str(w)] for w in result.words]
-    return scoring.score(refs, hyps, "plain"), hyps
+    for utt, ali in sorted(read_alignments(ali_dir).items()):
+        loglikes = np.full((len(ali), tm.num_pdfs), OFF_PATH_LOGLIKE, dtype=np.float32)
+        loglikes[np.arange(len(ali)), tm.tid2pdf[ali]] = 0.0
+        hyps[utt] = [words[w] for w in decoding.decode(loglikes, graph, tm.tid2pdf).words]
+    return scoring.score(refs, hyps, filter_name), hyps
+
+
+def report_oracle(out: Path, result, hyps: dict[str, list[str]], metric: str, limit: float, label: str,
+                  parts: str) -> None:
+    """Write the oracle decode's hypotheses (``out/text``) and score line (``out/<metric>.txt``); raise
+    when its error rate reaches ``limit`` percent, which means ``parts`` disagree."""
+    atomic_write_text(out / "text", "".join(f"{u} {' '.join(h)}\n" for u, h in sorted(hyps.items())))
+    line = result.total.kaldi_line().replace("%WER", f"%{metric.upper()}")
+    atomic_write_text(out / f"{metric}.txt", line + "\n")
+    print(f"{label}: {line}")
+    if result.total.rate >= limit:
+        raise RuntimeError(f"oracle {metric.upper()} {result.total.rate:.2f} % >= {limit} %: {parts} disagree "
+                           f"(hypotheses in {out / 'text'})")
+
+
+def check_disjoint_speakers(speakers: dict[str, set[str]]) -> None:
+    """``{split: its speakers}``: no speaker may be in two splits."""
+    seen: dict[str, str] = {}
+    for split, found in speakers.items():
+        for spk in sorted(found):
+            if spk in seen:
+                raise ValueError(f"speaker {spk} is in both {seen[spk]} and {split}")
+            seen[spk] = split
 
 
 def main() -> None:
@@ -126,21 +148,11 @@ def main() -> None:
 
         tm = read_transition_model(root / "exp" / "mono" / "final.mdl")
         phones = {p for p, _ in (line.split() for line in (root / "data" / "lang" / "phones.txt").read_text().splitlines())}
-        seen: dict[str, str] = {}
-        for split in SPLITS:
-            for spk in check_split(root, split, phones, tm.tid2pdf, tm.num_pdfs):
-                if spk in seen:
-                    raise ValueError(f"speaker {spk} is in both {seen[spk]} and {split}")
-                seen[spk] = split
-        result, hyps = oracle_decode(root, "test", tm.tid2pdf, tm.num_pdfs)
-        out = root / "exp" / "mono" / "decode_oracle_test"
-        atomic_write_text(out / "text", "".join(f"{u} {' '.join(h)}\n" for u, h in sorted(hyps.items())))
-        line = result.total.kaldi_line().replace("%WER", "%PER")
-        atomic_write_text(out / "per.txt", line + "\n")
-        print(f"oracle decode of test: {line}")
-        if result.total.rate >= ORACLE_MAX_PER:
-            raise RuntimeError(f"oracle PER {result.total.rate:.2f} % >= {ORACLE_MAX_PER} %: graph, model "
-                               f"and alignments disagree (hypotheses in {out / 'text'})")
+        check_disjoint_speakers({split: check_split(root, split, phones, tm.tid2pdf, tm.num_pdfs) for split in SPLITS})
+        result, hyps = oracle_decode(root / "exp" / "mono_ali_test", root / "exp" / "mono" / "graph",
+                                     root / "data" / "test" / "text", tm, "plain")
+        report_oracle(root / "exp" / "mono" / "decode_oracle_test", result, hyps, "per", ORACLE_MAX_PER,
+                      "oracle decode of test", "graph, model and alignments")
 
 
 if __name__ == "__main__":

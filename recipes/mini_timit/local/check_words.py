@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from recipes.mini_timit.local.check import DIMS, OFF_PATH_LOGLIKE, check_sorted, read_alignments
+from recipes.mini_timit.local.check import (DIMS, check_disjoint_speakers, check_sorted, oracle_decode, read_alignments,
+                                            report_oracle)
 from recipes.mini_timit.local.layout import LMS, SPLITS, atomic_write_text, read_table, run_stage, stage_args
 from recipes.mini_timit.local.word_text import SHARED_TABLES
 
@@ -103,22 +104,6 @@ def check_split(root: Path, split: str, tm, words: dict[str, int], phone_names: 
     return set(tables["spk2utt"])
 
 
-def oracle_decode(root: Path, split: str, graph_dir: Path, tm):
-    """Decode the aligned pdfs of ``split`` as one-hot log-likelihoods; returns scoring's Score and the words."""
-    from bru_kaldi import decoding
-    from bru_kaldi import scoring
-
-    graph = decoding.load_graph(graph_dir / "HCLG.fst")
-    words = decoding.read_words(graph_dir / "words.txt")
-    refs = {u: t.split() for u, t in read_table(root / "data" / f"{split}_words" / "text").items()}
-    hyps = {}
-    for utt, ali in sorted(read_alignments(root / "exp" / f"mono_words_ali_{split}").items()):
-        loglikes = np.full((len(ali), tm.num_pdfs), OFF_PATH_LOGLIKE, dtype=np.float32)
-        loglikes[np.arange(len(ali)), tm.tid2pdf[ali]] = 0.0
-        hyps[utt] = [words[w] for w in decoding.decode(loglikes, graph, tm.tid2pdf).words]
-    return scoring.score(refs, hyps, "wsj"), hyps
-
-
 def main() -> None:
     args = stage_args(6, __doc__.splitlines()[0], task="words")
     root = args.root.resolve()
@@ -144,21 +129,11 @@ def main() -> None:
         for path in fsts:
             if kaldifst.StdVectorFst.read(str(path)).num_states == 0:
                 raise ValueError(f"{path} is empty")
-        seen: dict[str, str] = {}
-        for split in SPLITS:
-            for spk in check_split(root, split, tm, words, phone_names, prons):
-                if spk in seen:
-                    raise ValueError(f"speaker {spk} is in both {seen[spk]} and {split}")
-                seen[spk] = split
-        result, hyps = oracle_decode(root, "test", root / "exp" / "mono_words" / "graph_tg", tm)
-        out = root / "exp" / "mono_words" / "decode_oracle_test"
-        atomic_write_text(out / "text", "".join(f"{u} {' '.join(h)}\n" for u, h in sorted(hyps.items())))
-        line = result.total.kaldi_line()
-        atomic_write_text(out / "wer.txt", line + "\n")
-        print(f"oracle word decode of test (graph_tg): {line}")
-        if result.total.rate >= ORACLE_MAX_WER:
-            raise RuntimeError(f"oracle WER {result.total.rate:.2f} % >= {ORACLE_MAX_WER} %: graph, lexicon and "
-                               f"alignments disagree (hypotheses in {out / 'text'})")
+        check_disjoint_speakers({split: check_split(root, split, tm, words, phone_names, prons) for split in SPLITS})
+        result, hyps = oracle_decode(root / "exp" / "mono_words_ali_test", root / "exp" / "mono_words" / "graph_tg",
+                                     root / "data" / "test_words" / "text", tm, "wsj")
+        report_oracle(root / "exp" / "mono_words" / "decode_oracle_test", result, hyps, "wer", ORACLE_MAX_WER,
+                      "oracle word decode of test (graph_tg)", "graph, lexicon and alignments")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from contextlib import contextmanager
@@ -91,6 +92,21 @@ def first_incomplete(root: Path, size: str, seed: int, task: str = "phones") -> 
 def write_table(path: Path, rows: dict[str, str]) -> None:
     """A Kaldi table (``key value``), sorted in the C locale as Kaldi requires."""
     atomic_write_text(path, "".join(f"{k} {rows[k]}\n" for k in sorted(rows, key=lambda s: s.encode())))
+
+
+def copy_folder(source: Path, target: Path) -> None:
+    """Replace the folder ``target`` with a copy of ``source``, swapped in whole (a killed copy leaves
+    ``target`` as it was, and the next run clears the half-made one)."""
+    tmp, old = target.with_name(f".{target.name}.tmp"), target.with_name(f".{target.name}.old")
+    for stale in (tmp, old):
+        if stale.exists():
+            shutil.rmtree(stale)
+    shutil.copytree(source, tmp)
+    if target.exists():
+        target.rename(old)
+    tmp.rename(target)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def read_table(path: Path) -> dict[str, str]:

@@ -19,14 +19,13 @@ of these packages hang for ever, e.g. ``import kaldilm, kaldifst``).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import kaldi_hmm_gmm as khg  # first: see the module docstring
 import kaldifst
 
 from bru_kaldi.atomic import write_atomically
-from recipes.mini_timit.local.layout import atomic_write_text, run_stage, stage_args
+from recipes.mini_timit.local.layout import atomic_write_text, copy_folder, run_stage, stage_args
 from recipes.mini_timit.local.make_mono import build_model
 
 
@@ -37,24 +36,27 @@ def read_fst(path: Path) -> kaldifst.StdVectorFst:
     return kaldifst.StdVectorFst.read(str(path))
 
 
-def remove_input_symbols(fst: kaldifst.StdVectorFst, symbols: set[int]) -> kaldifst.StdVectorFst:
-    """fstrmsymbols: replace the given input labels by epsilon (kaldifst has no such call)."""
-    out = kaldifst.StdVectorFst()
-    for _ in range(fst.num_states):
-        out.add_state()
-    out.start = fst.start
-    for state in range(fst.num_states):
-        final = fst.final(state)
-        if final.value != float("inf"):
-            out.set_final(state=state, weight=final.value)
-        for arc in kaldifst.ArcIterator(fst, state):
-            ilabel = 0 if arc.ilabel in symbols else arc.ilabel
-            out.add_arc(state=state, arc=kaldifst.StdArc(ilabel, arc.olabel, arc.weight.value, arc.nextstate))
-    return out
+def drop_input_symbols(fst: kaldifst.StdVectorFst, symbols: set[int], num_symbols: int) -> kaldifst.StdVectorFst:
+    """fstrmsymbols on the input side: ``symbols`` (all below ``num_symbols`` + 1) become epsilon.
+
+    kaldifst has no such call. A composition with a one-state transducer that reads nothing where
+    ``fst`` reads one of ``symbols`` and copies every other label does it in C++; copying the FST arc
+    by arc in Python took seconds for a word graph. The result is the FST with those labels replaced,
+    up to the numbering of its states.
+    """
+    relabel = kaldifst.StdVectorFst()
+    state = relabel.add_state()
+    relabel.start = state
+    relabel.set_final(state=state, weight=0.0)
+    for label in range(1, num_symbols + 1):
+        relabel.add_arc(state=state, arc=kaldifst.StdArc(0 if label in symbols else label, label, 0.0, state))
+    kaldifst.arcsort(relabel, sort_type="olabel")
+    return kaldifst.compose(relabel, fst)
 
 
 def make_hclg(lang: Path, tree, tm) -> tuple[kaldifst.StdVectorFst, list[int]]:
-    """HCLG.fst of a monophone model and its disambiguation transition-ids (see module doc)."""
+    """HCLG.fst of a monophone model over ``lang`` (L_disambig.fst, G.fst, phones.txt) and its
+    disambiguation transition-ids (see the module doc); the word task's graphs are made by it too."""
     phone_ids = dict(line.split() for line in (lang / "phones.txt").read_text().splitlines())
     disambig = [int(i) for p, i in phone_ids.items() if p.startswith("#")]
 
@@ -70,11 +72,23 @@ def make_hclg(lang: Path, tree, tm) -> tuple[kaldifst.StdVectorFst, list[int]]:
                                             config=khg.HTransducerConfig(transition_scale=1.0))
     hclga = kaldifst.compose(ha, clg)
     kaldifst.determinize_star(hclga, use_log=True)
-    hclga = remove_input_symbols(hclga, set(disambig_tid))
+    hclga = drop_input_symbols(hclga, set(disambig_tid), tm.num_transition_ids + len(disambig_tid))
     kaldifst.rmepsilon(hclga)
     kaldifst.minimize_encoded(hclga)
     hclg = khg.add_self_loops(self_loop_scale=0.1, disambig_syms=[], reorder=True, trans_model=tm, ifst=hclga)
     return hclg, list(disambig_tid)
+
+
+def write_graph(graph: Path, lang: Path, hclg: kaldifst.StdVectorFst, disambig_tid: list[int], num_pdfs: int) -> None:
+    """The graph dir as ``utils/mkgraph.sh`` leaves it: ``HCLG.fst``, ``words.txt``, ``phones.txt`` and
+    ``phones/`` from ``lang``, ``disambig_tid.int`` and ``num_pdfs``."""
+    graph.mkdir(parents=True, exist_ok=True)
+    write_atomically(graph / "HCLG.fst", lambda tmp: hclg.write(str(tmp)))
+    for name in ("words.txt", "phones.txt"):
+        atomic_write_text(graph / name, (lang / name).read_text(encoding="utf-8"))
+    copy_folder(lang / "phones", graph / "phones")
+    atomic_write_text(graph / "disambig_tid.int", "".join(f"{t}\n" for t in disambig_tid))
+    atomic_write_text(graph / "num_pdfs", f"{num_pdfs}\n")
 
 
 def main() -> None:
@@ -83,18 +97,10 @@ def main() -> None:
     with run_stage(root, 5, args.size, args.seed, inputs=(3, 4)) as run:
         if not run:
             return
-        lang, graph = root / "data" / "lang", root / "exp" / "mono" / "graph"
+        lang = root / "data" / "lang"
         _, tree, tm = build_model(lang)
         hclg, disambig_tid = make_hclg(lang, tree, tm)
-        graph.mkdir(parents=True, exist_ok=True)
-        write_atomically(graph / "HCLG.fst", lambda tmp: hclg.write(str(tmp)))
-        for name in ("words.txt", "phones.txt"):
-            shutil.copyfile(lang / name, graph / name)
-        if (graph / "phones").exists():
-            shutil.rmtree(graph / "phones")
-        shutil.copytree(lang / "phones", graph / "phones")
-        atomic_write_text(graph / "disambig_tid.int", "".join(f"{t}\n" for t in disambig_tid))
-        atomic_write_text(graph / "num_pdfs", f"{tm.num_pdfs}\n")
+        write_graph(root / "exp" / "mono" / "graph", lang, hclg, disambig_tid, tm.num_pdfs)
         print(f"HCLG: {hclg.num_states} states; {tm.num_pdfs} pdfs, {tm.num_transition_ids} transition-ids")
 
 

@@ -146,40 +146,63 @@ def add_gmm(tm, data_dir: Path, train_ali: Path, mono: Path, ali_dirs) -> None:
           f"{int(stats.counts.sum())} frames")
 
 
+def read_segments(path: Path) -> dict[str, list[tuple[str, int, int]]]:
+    """``utt phone start end ...`` rows (start and end in samples) as ``{utt: [(phone, start, end)]}``."""
+    out = {}
+    for utt, row in read_table(path).items():
+        f = row.split()
+        if len(f) % 3:
+            raise ValueError(f"{path}: utterance {utt}: expected phone start end triples")
+        out[utt] = [(f[i], int(f[i + 1]), int(f[i + 2])) for i in range(0, len(f), 3)]
+    return out
+
+
+def make_system(root: Path, lang: Path, mono: str, data_suffix: str, segments: str, model, num_jobs: int) -> None:
+    """The model ``exp/<mono>`` and the alignments ``exp/<mono>_ali_<split>`` of one task.
+
+    ``model`` is ``(topology, tree, TransitionModel)`` over ``lang``; each split's frames are those of
+    ``data/<split><data_suffix>`` and its phone segments ``data/local/<split>/<segments>``. The GMM
+    is estimated last, on the training alignments.
+    """
+    topo, tree, tm = model
+    exp = root / "exp"
+    write_model(tm, tree, exp / mono)
+    shutil.copyfile(lang / "phones.txt", exp / mono / "phones.txt")
+    table = transition_table(topo, tm)
+    phone_ids = {p: int(i) for p, i in read_table(lang / "phones.txt").items()}
+    num_states = dict(zip(topo.phones, topo.get_phone_to_num_pdf_classes()[1:]))
+    for split in SPLITS:
+        ali_dir = exp / f"{mono}_ali_{split}"
+        ali_dir.mkdir(parents=True, exist_ok=True)
+        frames = {u: int(n) for u, n in read_table(root / "data" / f"{split}{data_suffix}" / "utt2num_frames").items()}
+        segs = read_segments(root / "data" / "local" / split / segments)
+        if set(segs) != set(frames):
+            raise ValueError(f"{split}: {segments} and utt2num_frames list different utterances")
+        for utt, row in segs.items():
+            unknown = {p for p, _, _ in row} - set(phone_ids)
+            if unknown:
+                raise ValueError(f"data/local/{split}/{segments}: utterance {utt} has phones not in "
+                                 f"{lang / 'phones.txt'}: {sorted(unknown)}")
+        jobs = split_by_speaker(sorted(frames, key=str.encode), num_jobs)
+        for job, utts in enumerate(jobs, 1):
+            write_gzip_ark(ali_dir / f"ali.{job}.gz",
+                           {u: align(segs[u], frames[u], phone_ids, num_states, table, u) for u in utts})
+        for name in ("final.mdl", "tree", "phones.txt"):
+            shutil.copyfile(exp / mono / name, ali_dir / name)
+        atomic_write_text(ali_dir / "num_jobs", f"{len(jobs)}\n")
+        print(f"{split}: {len(frames)} alignments in {len(jobs)} archives")
+    add_gmm(tm, root / "data" / f"train{data_suffix}", exp / f"{mono}_ali_train", exp / mono,
+            [exp / f"{mono}_ali_{split}" for split in SPLITS])
+
+
 def main() -> None:
     args = stage_args(4, __doc__.splitlines()[0])
-    size = SIZES[args.size]
     root = args.root.resolve()
     with run_stage(root, 4, args.size, args.seed, inputs=(2, 3)) as run:
         if not run:
             return
-        lang, mono = root / "data" / "lang", root / "exp" / "mono"
-        topo, tree, tm = build_model(lang)
-        write_model(tm, tree, mono)
-        shutil.copyfile(lang / "phones.txt", mono / "phones.txt")
-        table = transition_table(topo, tm)
-        phone_ids = {p: int(i) for p, i in read_table(lang / "phones.txt").items()}
-        num_states = dict(zip(topo.phones, topo.get_phone_to_num_pdf_classes()[1:]))
-        for split in SPLITS:
-            ali_dir = root / "exp" / f"mono_ali_{split}"
-            ali_dir.mkdir(parents=True, exist_ok=True)
-            frames = {u: int(n) for u, n in read_table(root / "data" / split / "utt2num_frames").items()}
-            segs = {}
-            for utt, row in read_table(root / "data" / "local" / split / "phone_segments.txt").items():
-                f = row.split()
-                segs[utt] = [(f[i], int(f[i + 1]), int(f[i + 2])) for i in range(0, len(f), 3)]
-            if set(segs) != set(frames):
-                raise ValueError(f"{split}: phone_segments.txt and utt2num_frames list different utterances")
-            jobs = split_by_speaker(sorted(frames, key=str.encode), size.num_jobs)
-            for job, utts in enumerate(jobs, 1):
-                write_gzip_ark(ali_dir / f"ali.{job}.gz",
-                               {u: align(segs[u], frames[u], phone_ids, num_states, table, u) for u in utts})
-            for name in ("final.mdl", "tree", "phones.txt"):
-                shutil.copyfile(mono / name, ali_dir / name)
-            atomic_write_text(ali_dir / "num_jobs", f"{len(jobs)}\n")
-            print(f"{split}: {len(frames)} alignments in {len(jobs)} archives")
-        add_gmm(tm, root / "data" / "train", root / "exp" / "mono_ali_train", mono,
-                [root / "exp" / f"mono_ali_{split}" for split in SPLITS])
+        lang = root / "data" / "lang"
+        make_system(root, lang, "mono", "", "phone_segments.txt", build_model(lang), SIZES[args.size].num_jobs)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ As WSJ's data, dictionary and LM preparation (``wsj_data_prep.sh``, ``wsj_prepar
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -30,8 +29,8 @@ from bru_kaldi.atomic import write_atomically
 from recipes.mini_timit.local import lexicon as lex
 from recipes.mini_timit.local import ngram_lm
 from recipes.mini_timit.local.lang_words import prepare_lang
-from recipes.mini_timit.local.layout import (LMS, SPLITS, atomic_write_text, read_table, run_stage, stage_args,
-                                             write_table)
+from recipes.mini_timit.local.layout import (LMS, SPLITS, atomic_write_text, copy_folder, read_table, run_stage,
+                                             stage_args, write_table)
 from recipes.mini_timit.local.phoneset import PHONES, SIL
 from recipes.mini_timit.local.prepare_text import ACCENTS
 from recipes.mini_timit.local.word_text import drawn_sentences, normalise, read_prompts, write_word_data_dir
@@ -141,20 +140,6 @@ def lm_report(models: dict[str, ngram_lm.BackoffLM], text: list[list[str]], tran
     return "\n".join(lines) + "\n"
 
 
-def copy_lang(source: Path, target: Path) -> None:
-    """Replace the folder ``target`` with a copy of ``source``, swapped in whole."""
-    tmp, old = target.with_name(f".{target.name}.tmp"), target.with_name(f".{target.name}.old")
-    for stale in (tmp, old):
-        if stale.exists():
-            shutil.rmtree(stale)
-    shutil.copytree(source, tmp)
-    if target.exists():
-        target.rename(old)
-    tmp.rename(target)
-    if old.exists():
-        shutil.rmtree(old)
-
-
 def main() -> None:
     args = stage_args(3, __doc__.splitlines()[0], task="words")
     root = args.root.resolve()
@@ -185,7 +170,7 @@ def main() -> None:
 
         for name in LMS:
             test_lang = root / "data" / f"lang_words_test_{name}"
-            copy_lang(lang, test_lang)
+            copy_folder(lang, test_lang)
             write_atomically(test_lang / "G.fst", lambda tmp: kaldilm.arpa2fst(
                 input_arpa=str(lm_dir / f"lm_{name}.arpa"), output_fst=str(tmp), disambig_symbol="#0",
                 read_symbol_table=str(test_lang / "words.txt")))
