@@ -23,11 +23,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from recipes.mini_timit.local.check import (DIMS, check_disjoint_speakers, check_sorted, oracle_decode, read_alignments,
                                             report_oracle)
-from recipes.mini_timit.local.layout import LMS, SPLITS, atomic_write_text, read_table, run_stage, stage_args
+from recipes.mini_timit.local.layout import LMS, SPLITS, read_table, run_stage, stage_args
 from recipes.mini_timit.local.word_text import SHARED_TABLES
 
 ORACLE_MAX_WER = 2.0  # percent
