@@ -36,19 +36,20 @@ def read_fst(path: Path) -> kaldifst.StdVectorFst:
     return kaldifst.StdVectorFst.read(str(path))
 
 
-def drop_input_symbols(fst: kaldifst.StdVectorFst, symbols: set[int], num_symbols: int) -> kaldifst.StdVectorFst:
-    """fstrmsymbols on the input side: ``symbols`` (all below ``num_symbols`` + 1) become epsilon.
+def drop_input_symbols(fst: kaldifst.StdVectorFst, symbols: set[int]) -> kaldifst.StdVectorFst:
+    """fstrmsymbols on the input side: ``symbols`` become epsilon.
 
     kaldifst has no such call. A composition with a one-state transducer that reads nothing where
     ``fst`` reads one of ``symbols`` and copies every other label does it in C++; copying the FST arc
     by arc in Python took seconds for a word graph. The result is the FST with those labels replaced,
-    up to the numbering of its states.
+    up to the numbering of its states. The transducer knows labels 1..max(symbols): here ``symbols`` are
+    the disambiguation transition-ids, which make-h-transducer numbers after every real one.
     """
     relabel = kaldifst.StdVectorFst()
     state = relabel.add_state()
     relabel.start = state
     relabel.set_final(state=state, weight=0.0)
-    for label in range(1, num_symbols + 1):
+    for label in range(1, max(symbols) + 1):
         relabel.add_arc(state=state, arc=kaldifst.StdArc(0 if label in symbols else label, label, 0.0, state))
     kaldifst.arcsort(relabel, sort_type="olabel")
     return kaldifst.compose(relabel, fst)
@@ -72,7 +73,7 @@ def make_hclg(lang: Path, tree, tm) -> tuple[kaldifst.StdVectorFst, list[int]]:
                                             config=khg.HTransducerConfig(transition_scale=1.0))
     hclga = kaldifst.compose(ha, clg)
     kaldifst.determinize_star(hclga, use_log=True)
-    hclga = drop_input_symbols(hclga, set(disambig_tid), tm.num_transition_ids + len(disambig_tid))
+    hclga = drop_input_symbols(hclga, set(disambig_tid))
     kaldifst.rmepsilon(hclga)
     kaldifst.minimize_encoded(hclga)
     hclg = khg.add_self_loops(self_loop_scale=0.1, disambig_syms=[], reorder=True, trans_model=tm, ifst=hclga)

@@ -39,9 +39,9 @@ def main() -> None:
         if not run:
             return
         lang = root / "data" / "lang_words"
-        model = build_shared_model(lang)
-        make_system(root, lang, "mono_words", "_words", "word_phone_segments.txt", model, SIZES[args.size].num_jobs)
-        tm = model[2]
+        topo, tree, tm = build_shared_model(lang)
+        make_system(root, lang, "mono_words", "_words", "word_phone_segments.txt", (topo, tree, tm),
+                    SIZES[args.size].num_jobs)
         print(f"model: {tm.num_pdfs} pdfs, {tm.num_transition_ids} transition-ids")
 
 
