@@ -2,6 +2,7 @@
 epoch with a finite loss at several seeds, without needing a rollback. (``bench/seeds.py`` checks the
 MINI configs themselves at seeds 1-10 on the default corpus; this is its quick form on the tiny one.)"""
 
+import importlib.util
 import logging
 import math
 import re
@@ -36,3 +37,40 @@ def test_every_seed_trains_its_first_epoch(unit, options, tiny_corpus, tmp_path,
         assert "rolling back" not in log, f"seed {seed} needed a rollback:\n{log}"
         loss = float(re.search(r"train_loss=(\S+)", (exp_dir / "res.res").read_text()).group(1))
         assert math.isfinite(loss) and loss < 6.0, (seed, loss)  # below log(119) = 4.78 plus a margin
+        # (Not the dev error against chance, as bench/seeds.py judges: one epoch of the tiny corpus is too
+        # few updates to beat always answering the most frequent pdf.)
+
+
+def _seeds_bench():
+    """bench/seeds.py as a module (bench/ is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location("seeds_bench", ROOT / "bench" / "seeds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _finished_run(folder: Path, dev_err: str | None, counts: str = "[ 10 30 60 ]\n") -> Path:
+    folder.mkdir()
+    dev = f" dev_loss=1.0 dev_err={dev_err}" if dev_err is not None else ""
+    (folder / "res.res").write_text(f"epoch=001 train_loss=2.5 train_err=0.70{dev} lr_x=0.002 time=3.0s\n")
+    (folder / "pdf_counts").write_text(counts)
+    (folder / "bench_status").write_text("trained (3 s)\n")
+    return folder
+
+
+def test_a_seed_trains_only_below_chance(tmp_path):
+    """The seeds bench's verdict: a finite loss is not enough; epoch 1's dev frame error must beat always
+    answering the most frequent training pdf (here 60 of 100 frames: chance errs on 0.4)."""
+    bench = _seeds_bench()
+    assert bench.chance_error(_finished_run(tmp_path / "counts", None) / "pdf_counts") == pytest.approx(0.4)
+    assert bench.outcome(_finished_run(tmp_path / "good", "0.3500")) == "trained (3 s)"
+    dead = bench.outcome(_finished_run(tmp_path / "dead", "0.4000"))
+    assert dead.startswith("NOT LEARNING") and "0.400" in dead and "trained (3 s)" in dead
+    assert bench.outcome(_finished_run(tmp_path / "no_dev", None)) == "trained (3 s)"  # nothing to judge by
+    assert bench.outcome(tmp_path / "not_run") is None
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    (failed / "bench_status").write_text("FAILED: the loss is nan (9 s)\n")
+    assert bench.outcome(failed) == "FAILED: the loss is nan (9 s)"  # a failure is not re-judged
+    with pytest.raises(ValueError, match="pdf_counts"):
+        bench.outcome(_finished_run(tmp_path / "bad_counts", "0.3", counts="[ ]\n"))
