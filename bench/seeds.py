@@ -13,7 +13,7 @@ can end the epoch with a finite training loss and a network that answers one pdf
 RMSprop, ``MINI_liGRU`` seeds 2 and 4: dev frame error 0.977, where always answering the most frequent
 training pdf errs on 0.965 of the frames). That chance level comes from the run's own ``pdf_counts``.
 
-Usage: python bench/seeds.py [--seeds 1-10] [--out DIR] [CFG ...] [--section,option=value ...]
+Usage: python bench/seeds.py [--seeds 1-10] [--out DIR] [--no-run] [CFG ...] [--section,option=value ...]
   e.g. python bench/seeds.py cfg/MINI_liGRU.cfg cfg/MINI_liBRU.cfg --seeds 1-10
        python bench/seeds.py --seeds 1,2 cfg/MINI_liBRU.cfg --architecture1,arch_warmup_steps=0
 
@@ -104,6 +104,8 @@ def main(argv=None) -> int:
     parser.add_argument("cfgs", nargs="*", type=Path, help="configs (default: cfg/MINI_*.cfg)")
     parser.add_argument("--seeds", default="1-10", help="seeds, e.g. 1-10 or 1,2,4")
     parser.add_argument("--out", type=Path, default=ROOT / "exp" / "seeds", help="one folder per run under it")
+    parser.add_argument("--no-run", dest="run", action="store_false",
+                        help="only the summary of the runs finished so far (while a bench is still running)")
     args, overrides = parser.parse_known_args(argv)
     cfgs = args.cfgs or sorted((ROOT / "cfg").glob("MINI_*.cfg"))
     seeds = parse_seeds(args.seeds)
@@ -115,6 +117,8 @@ def main(argv=None) -> int:
         for seed in seeds:
             folder = args.out / f"{cfg.stem}_seed{seed}"
             state = outcome(folder)
+            if state is None and not args.run:
+                continue
             if state is None:
                 run_one(cfg, seed, folder, overrides)
                 state = outcome(folder)
@@ -127,8 +131,10 @@ def main(argv=None) -> int:
         good = [s for s, state in states.items() if state.startswith("trained")]
         rolled = [s for s, state in states.items() if "rollback" in state]
         dead = [s for s, state in states.items() if state.startswith("NOT LEARNING")]
-        failed |= len(good) < len(states)
+        failed |= len(good) < len(states) or len(states) < len(seeds)
         note = (f"; rolled back: {rolled}" if rolled else "") + (f"; not learning: {dead}" if dead else "")
+        missing = [s for s in seeds if s not in states]
+        note += f"; not run yet: {missing}" if missing else ""
         print(f"  {name:24s} {len(good):2d}/{len(states)}  {good}{note}")
     return 1 if failed else 0
 

@@ -74,3 +74,15 @@ def test_a_seed_trains_only_below_chance(tmp_path):
     assert bench.outcome(failed) == "FAILED: the loss is nan (9 s)"  # a failure is not re-judged
     with pytest.raises(ValueError, match="pdf_counts"):
         bench.outcome(_finished_run(tmp_path / "bad_counts", "0.3", counts="[ ]\n"))
+
+
+def test_the_seeds_summary_alone_runs_nothing(tmp_path, capsys):
+    """``--no-run``: the summary of the runs finished so far, the others listed as not run (and no run started)."""
+    bench = _seeds_bench()
+    _finished_run(tmp_path / "MINI_x_seed1", "0.30")
+    _finished_run(tmp_path / "MINI_x_seed2", "0.50")
+    code = bench.main(["--out", str(tmp_path), "--no-run", "--seeds", "1-3", "cfg/MINI_x.cfg"])
+    summary = capsys.readouterr().out.splitlines()[-1]
+    assert code == 1
+    assert summary.split() == ["MINI_x", "1/2", "[1];", "not", "learning:", "[2];", "not", "run", "yet:", "[3]"]
+    assert not (tmp_path / "MINI_x_seed3").exists()
