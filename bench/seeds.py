@@ -17,8 +17,8 @@ Usage: python bench/seeds.py [--seeds 1-10] [--out DIR] [--no-run] [CFG ...] [--
   e.g. python bench/seeds.py cfg/MINI_liGRU.cfg cfg/MINI_liBRU.cfg --seeds 1-10
        python bench/seeds.py --seeds 1,2 cfg/MINI_liBRU.cfg --architecture1,arch_warmup_steps=0
 
-With no CFG, every ``cfg/MINI_*.cfg``. About 20-40 s per (config, seed) on 2 cores for the units with
-a fast path, 2-3 minutes for GRU, LSTM and MGU (one epoch each).
+With no CFG, every ``cfg/MINI_*.cfg``. From about 20 s (UBRU) to a minute (LSTM, the bidirectional
+configs) per (config, seed) on 2 idle cores: one epoch each.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bru_kaldi.training import chance_frame_error  # noqa: E402
+from data_io import read_counts  # noqa: E402
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -55,12 +58,12 @@ def outcome(folder: Path) -> str | None:
 
 
 def chance_error(counts_file: Path) -> float:
-    """The frame error of always answering the most frequent pdf of ``pdf_counts`` (Kaldi's vector text
-    form, ``[ c0 c1 ... ]``): what a network that learned nothing about its input can reach."""
-    counts = [float(c) for c in counts_file.read_text().replace("[", " ").replace("]", " ").split()]
-    if not counts or sum(counts) <= 0:
-        raise ValueError(f"{counts_file}: expected the training frames per pdf, '[ c0 c1 ... ]'")
-    return 1.0 - max(counts) / sum(counts)
+    """The frame error of always answering the most frequent pdf of a run's ``pdf_counts``
+    (``bru_kaldi.training.chance_frame_error``, which the training log also checks each epoch)."""
+    try:
+        return chance_frame_error(read_counts(str(counts_file)))
+    except ValueError as error:
+        raise ValueError(f"{counts_file}: {error}") from None
 
 
 def learned(folder: Path, state: str) -> str:

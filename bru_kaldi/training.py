@@ -278,6 +278,21 @@ def evaluate(net, corpus, config: Config, device: torch.device, dist) -> tuple[f
     return loss_sum / frames, errors / frames
 
 
+def chance_frame_error(counts: np.ndarray) -> float:
+    """The frame error of always answering the most frequent pdf of ``counts`` (frames per pdf in the
+    training alignments): a network whose dev error is no lower has learned nothing from its input.
+    A recurrent net whose first steps blew it up can end up there with a finite loss, which no NaN
+    check catches (plain RMSprop, ``MINI_liGRU`` at seeds 2 and 4: 0.977 against 0.965).
+
+    >>> round(chance_frame_error(np.array([10, 30, 60])), 3)
+    0.4
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    if counts.ndim != 1 or not counts.size or counts.sum() <= 0 or (counts < 0).any():
+        raise ValueError(f"expected frames per pdf (non-negative, not all zero), got {counts!r}")
+    return float(1.0 - counts.max() / counts.sum())
+
+
 # --------------------------------------------------------------------------- device
 def pick_device(config: Config) -> torch.device:
     wanted = config.exp.device

@@ -86,3 +86,21 @@ def test_the_seeds_summary_alone_runs_nothing(tmp_path, capsys):
     assert code == 1
     assert summary.split() == ["MINI_x", "1/2", "[1];", "not", "learning:", "[2];", "not", "run", "yet:", "[3]"]
     assert not (tmp_path / "MINI_x_seed3").exists()
+
+
+@pytest.mark.parametrize("chance, warned", [(1.0, False), (0.0, True)])
+def test_a_run_that_has_not_learned_says_so(chance, warned, tiny_corpus, tmp_path, monkeypatch):
+    """Each epoch's dev frame error is held against chance (``chance_frame_error`` of the training pdf
+    counts, here replaced by a fixed level): at or above it the log says the network has learned nothing."""
+    monkeypatch.setenv("MINI_TIMIT", str(tiny_corpus.root))
+    monkeypatch.setenv("BRU_TEST_EXP", str(tmp_path / "run"))
+    monkeypatch.setattr(run_exp, "chance_frame_error", lambda counts: chance)
+    torch.set_num_threads(1)
+    code = run_exp.main([str(CFG), "--stop-stage", "train", "--exp,n_epochs_tr=1"])
+    logging.shutdown()
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert code == 0, log
+    dev_err = float(re.search(r"dev_err=(\S+)", (tmp_path / "run" / "res.res").read_text()).group(1))
+    message = (f"epoch 1: the dev frame error {dev_err:.4f} is no better than always answering the most frequent "
+               f"pdf ({chance:.4f})")
+    assert (message in log) == warned, log
