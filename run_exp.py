@@ -49,9 +49,10 @@ from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, 
 from bru_kaldi.machine import run_line
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters, trained_architectures
 from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, chance_frame_error,
-                                epoch_rate, epochs_since_best, evaluate, feature_columns, gradient_norm, keep_best_weights, load_checkpoint,
-                                make_optimizer, pick_device, plot_learning_curve, save_checkpoint, save_tensors,
-                                seed_everything, stopped_early, warmup)
+                                epoch_rate, epochs_since_best, evaluate, feature_columns, gradient_norm,
+                                keep_best_weights, load_checkpoint, make_optimizer, pick_device, plot_learning_curve,
+                                save_checkpoint, save_tensors, seed_everything, stopped_early, warmup,
+                                warn_if_not_learning)
 from data_io import (Corpus, GlobalNorm, KaldiIOError, LoglikeWriter, dataset_for, fingerprint, loader_options,
                      log_priors, read_counts, write_counts)
 from models.acoustic import AcousticModel
@@ -90,7 +91,7 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
              config.data_use.train_with, len(train_set), int(train_set.lengths.sum()), train_set.feature_dim,
              train_set.label_dims[senone], config.data_use.valid_with, len(dev_set))
     counts = train_set.counts(senone)
-    chance = chance_frame_error(counts) if counts is not None else None  # see the dev error's check below
+    chance = chance_frame_error(counts) if counts is not None else None  # what a dead network's dev error is
     if dist.main:  # what forward and decode need, also for --forward-only runs on other data
         if counts is not None:
             write_counts(str(exp.counts), counts)
@@ -193,12 +194,7 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
             save_tensors({"model": model.state_dict(), "epoch": epoch + 1}, exp.best)
         checkpoint()
         log.info("%s (%.0f frames/s)", epoch_line(progress.history[-1]), frames / max(seconds, 1e-9))
-        if chance is not None and dev_err >= chance:
-            log.warning("epoch %d: the dev frame error %.4f is no better than always answering the most frequent "
-                        "pdf (%.4f): the network has learned nothing from its input yet. Too few updates can do "
-                        "that; so can a blow-up in the first steps that left the loss finite (then lower "
-                        "[architectureN] arch_lr, or set arch_warmup_steps or opt_bias_correction = True)",
-                        epoch + 1, dev_err, chance)
+        warn_if_not_learning(epoch + 1, dev_err, chance)
         if dist.main:
             exp.write_res(progress.history)
             plot_learning_curve(progress.history, exp.folder / "learning_curve.png")

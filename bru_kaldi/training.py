@@ -293,6 +293,16 @@ def chance_frame_error(counts: np.ndarray) -> float:
     return float(1.0 - counts.max() / counts.sum())
 
 
+def warn_if_not_learning(epoch: int, dev_err: float, chance: Optional[float]) -> None:
+    """Log a warning when epoch ``epoch``'s dev frame error is no better than ``chance``
+    (:func:`chance_frame_error`; ``None``: nothing to compare with)."""
+    if chance is not None and dev_err >= chance:
+        log.warning("epoch %d: the dev frame error %.4f is no better than always answering the most frequent pdf "
+                    "(%.4f): the network has learned nothing from its input yet. Too few updates can do that; so "
+                    "can a blow-up in the first steps that left the loss finite (then lower [architectureN] "
+                    "arch_lr, or set arch_warmup_steps or opt_bias_correction = True)", epoch, dev_err, chance)
+
+
 # --------------------------------------------------------------------------- device
 def pick_device(config: Config) -> torch.device:
     wanted = config.exp.device
