@@ -69,15 +69,21 @@ def chance_error(counts_file: Path) -> float:
 def learned(folder: Path, state: str) -> str:
     """``state`` as it is when epoch 1's dev frame error (``res.res``) is below :func:`chance_error`,
     else ``NOT LEARNING`` with both numbers. A config without a dev set keeps ``state``."""
-    epoch = (folder / "res.res").read_text().splitlines()[0]
-    dev = re.search(r"dev_err=(\S+)", epoch)
+    dev = dev_error(folder)
     if dev is None:
         return state
     chance = chance_error(folder / "pdf_counts")
-    if float(dev.group(1)) < chance:
+    if dev < chance:
         return state
-    return (f"NOT LEARNING: dev frame error {float(dev.group(1)):.3f} after epoch 1, always answering the most "
-            f"frequent pdf errs on {chance:.3f} ({state})")
+    return (f"NOT LEARNING: dev frame error {dev:.3f} after epoch 1, always answering the most frequent pdf "
+            f"errs on {chance:.3f} ({state})")
+
+
+def dev_error(folder: Path) -> float | None:
+    """Epoch 1's dev frame error of the run in ``folder`` (``res.res``), or None where it has none."""
+    res = folder / "res.res"
+    found = re.search(r"dev_err=(\S+)", res.read_text().split("\n", 1)[0]) if res.is_file() else None
+    return float(found.group(1)) if found else None
 
 
 def run_one(cfg: Path, seed: int, folder: Path, overrides: list[str]) -> None:
@@ -128,17 +134,20 @@ def main(argv=None) -> int:
             states[seed] = state
             print(f"  {cfg.stem} seed {seed}: {state}", flush=True)
         summary[cfg.stem] = states
-    print("\nseeds that finished epoch 1 with a finite loss and a dev frame error below chance:")
+    print("\nseeds that finished epoch 1 with a finite loss and a dev frame error below chance (dev: their mean "
+          "dev frame error after epoch 1):")
     failed = False
     for name, states in summary.items():
         good = [s for s, state in states.items() if state.startswith("trained")]
+        errors = [dev_error(args.out / f"{name}_seed{s}") for s in good]
+        dev = f"{sum(errors) / len(errors):.3f}" if good and None not in errors else "-"
         rolled = [s for s, state in states.items() if "rollback" in state]
         dead = [s for s, state in states.items() if state.startswith("NOT LEARNING")]
         failed |= len(good) < len(states) or len(states) < len(seeds)
         note = (f"; rolled back: {rolled}" if rolled else "") + (f"; not learning: {dead}" if dead else "")
         missing = [s for s in seeds if s not in states]
         note += f"; not run yet: {missing}" if missing else ""
-        print(f"  {name:24s} {len(good):2d}/{len(states)}  {good}{note}")
+        print(f"  {name:24s} {len(good):2d}/{len(states)}  dev {dev:5s}  {good}{note}")
     return 1 if failed else 0
 
 

@@ -84,7 +84,8 @@ def test_the_seeds_summary_alone_runs_nothing(tmp_path, capsys):
     code = bench.main(["--out", str(tmp_path), "--no-run", "--seeds", "1-3", "cfg/MINI_x.cfg"])
     summary = capsys.readouterr().out.splitlines()[-1]
     assert code == 1
-    assert summary.split() == ["MINI_x", "1/2", "[1];", "not", "learning:", "[2];", "not", "run", "yet:", "[3]"]
+    assert summary.split() == ["MINI_x", "1/2", "dev", "0.300", "[1];", "not", "learning:", "[2];", "not", "run",
+                               "yet:", "[3]"]
     assert not (tmp_path / "MINI_x_seed3").exists()
 
 
