@@ -68,9 +68,9 @@ def chance_error(counts_file: Path) -> float:
 
 def learned(folder: Path, state: str) -> str:
     """``state`` as it is when epoch 1's dev frame error (``res.res``) is below :func:`chance_error`,
-    else ``NOT LEARNING`` with both numbers. A config without a dev set keeps ``state``."""
+    else ``NOT LEARNING`` with both numbers. A config without a dev set or pdf counts keeps ``state``."""
     dev = dev_error(folder)
-    if dev is None:
+    if dev is None or not (folder / "pdf_counts").is_file():
         return state
     chance = chance_error(folder / "pdf_counts")
     if dev < chance:
