@@ -17,8 +17,9 @@ Usage: python bench/seeds.py [--seeds 1-10] [--out DIR] [--no-run] [CFG ...] [--
   e.g. python bench/seeds.py cfg/MINI_liGRU.cfg cfg/MINI_liBRU.cfg --seeds 1-10
        python bench/seeds.py --seeds 1,2 cfg/MINI_liBRU.cfg --architecture1,arch_warmup_steps=0
 
-With no CFG, every ``cfg/MINI_*.cfg``. From about 20 s (UBRU) to a minute (LSTM, the bidirectional
-configs) per (config, seed) on 2 idle cores: one epoch each.
+With no CFG, every ``cfg/MINI_*.cfg``. One epoch each: 25-100 s per (config, seed) with one thread and
+two runs sharing 2 cores (AMD EPYC, 2026-11-26), the UBRU configs the shortest, the bidirectional and
+3-layer ones the longest.
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ def chance_error(counts_file: Path) -> float:
         raise ValueError(f"{counts_file}: {error}") from None
 
 
+def dev_error(folder: Path) -> float | None:
+    """Epoch 1's dev frame error of the run in ``folder`` (``res.res``), or None where it has none."""
+    res = folder / "res.res"
+    found = re.search(r"dev_err=(\S+)", res.read_text().split("\n", 1)[0]) if res.is_file() else None
+    return float(found.group(1)) if found else None
+
+
 def learned(folder: Path, state: str) -> str:
     """``state`` as it is when epoch 1's dev frame error (``res.res``) is below :func:`chance_error`,
     else ``NOT LEARNING`` with both numbers. A config without a dev set or pdf counts keeps ``state``."""
@@ -77,13 +85,6 @@ def learned(folder: Path, state: str) -> str:
         return state
     return (f"NOT LEARNING: dev frame error {dev:.3f} after epoch 1, always answering the most frequent pdf "
             f"errs on {chance:.3f} ({state})")
-
-
-def dev_error(folder: Path) -> float | None:
-    """Epoch 1's dev frame error of the run in ``folder`` (``res.res``), or None where it has none."""
-    res = folder / "res.res"
-    found = re.search(r"dev_err=(\S+)", res.read_text().split("\n", 1)[0]) if res.is_file() else None
-    return float(found.group(1)) if found else None
 
 
 def run_one(cfg: Path, seed: int, folder: Path, overrides: list[str]) -> None:
