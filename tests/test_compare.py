@@ -132,6 +132,10 @@ def test_the_table_groups_seeds_and_tests_against_the_baseline(tmp_path):
     assert (tmp_path / "t.md").read_text().count("\n") == 4 and "MINI_B" in (tmp_path / "t.csv").read_text()
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "dev_curves.png", "dev_curves.svg", "error_vs_cost.png", "error_vs_cost.svg", "errors.png", "errors.svg"]
+    # figures are committed with a study: remade from the same runs they are the same bytes (no date, fixed ids)
+    first = {p.name: p.read_bytes() for p in (tmp_path / "plots").iterdir()}
+    compare.table([str(tmp_path)], baseline="MINI_A", plots=tmp_path / "plots", replications=500)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "plots").iterdir()} == first
     with pytest.raises(ValueError, match="no such system"):
         report.rows(systems, ["test"], "MINI_C", "test")
 

@@ -25,10 +25,16 @@ def _pyplot():
 
 
 def _save(figure, folder: Path, stem: str) -> list[Path]:
+    """Write ``figure`` as PNG and SVG. The same figure gives the same bytes each time (no date in the
+    metadata, SVG ids from a fixed salt), so remaking a committed figure from unchanged runs changes no file."""
+    import matplotlib
+
     paths = []
     for kind in ("png", "svg"):
         path = folder / f"{stem}.{kind}"
-        write_atomically(path, lambda tmp: figure.savefig(tmp, format=kind, dpi=120, bbox_inches="tight"))
+        with matplotlib.rc_context({"svg.hashsalt": "bru-kaldi"}):
+            write_atomically(path, lambda tmp: figure.savefig(tmp, format=kind, dpi=120, bbox_inches="tight",
+                                                              metadata={"Date": None} if kind == "svg" else None))
         paths.append(path)
     return paths
 
