@@ -109,6 +109,28 @@ def test_the_kernels_know_units_by_name_only(monkeypatch):
         GatedRecurrence.apply("lstm", proj[..., :2].contiguous(), weight[:2], None, h0)
 
 
+def test_a_malformed_kernel_call_raises_an_error_that_gives_the_sizes(monkeypatch):
+    """Each check of the C++ kernels whose message carries numbers raises a RuntimeError with them. (On one
+    machine, formatting an integer into such a message crashed the process instead.)"""
+    monkeypatch.setenv("BRU_KALDI_NATIVE", "1")
+    ops, empty = native.native_ops(torch.zeros(1)), torch.empty(0)
+    proj, weight_t, h0 = torch.zeros(2, 1, 8), torch.zeros(2, 8), torch.zeros(1, 2)  # LSTM: 4 gates of 2 units
+    calls = {
+        "bias must be empty or of width 8": lambda: ops.gated_forward("lstm", proj, weight_t, torch.zeros(3), h0,
+                                                                       empty, False),
+        r"the candidate mask must be empty or \(B, H\) = \(1, 2\)": lambda: ops.gated_forward(
+            "lstm", proj, weight_t, empty, h0, torch.ones(1, 3), False),
+        "gated_backward: expected 3 gates of 2 units": lambda: ops.gated_backward(
+            "gru", empty, empty, torch.zeros(2, 1, 2), h0, empty, torch.zeros(2, 1, 2), torch.zeros(8, 2), False),
+        r"kept must be \(T, B, 4 H\)": lambda: ops.gated_backward(
+            "gru", torch.zeros(1), empty, torch.zeros(2, 1, 2), h0, empty, torch.zeros(2, 1, 2), torch.zeros(6, 2),
+            False),
+    }
+    for message, call in calls.items():
+        with pytest.raises(RuntimeError, match=message):
+            call()
+
+
 # pytorch-kaldi's inner dropout (models.gated.InnerDropout): the cells that mix it in, by the step name
 # their fast path passes to the kernels.
 INNER = [("ligru", {}, "ligru"), ("gru", {}, "gru"), ("lstm", {}, "lstm"), ("rnn", {}, "rnn_tanh"),

@@ -105,6 +105,14 @@ inline void for_row_pieces(int64_t begin, int64_t end, int64_t W, const F& f) {
   }
 }
 
+// A number in an error message, as text. Messages take numbers only through this, never through an
+// ostream's operator<<: on one machine (torch 2.11's wheel, g++ 13.3) formatting an integer inside
+// TORCH_CHECK's message crashed the process in std::num_put, for every build of these kernels, so
+// that a malformed call killed Python instead of raising. std::to_string formats without a locale.
+inline std::string text(int64_t value) {
+  return std::to_string(value);
+}
+
 void check_cpu_contiguous(const Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), "bru_kaldi native kernels: ", name, " must be on the CPU");
   TORCH_CHECK(t.is_contiguous(), "bru_kaldi native kernels: ", name, " must be contiguous");
@@ -745,7 +753,7 @@ void check_mask(const Tensor& mask, int64_t B, int64_t H, const char* op) {
   TORCH_CHECK(mask.numel() == 0 || K::kMasked, op, ": this unit has no candidate to mask (inner dropout: ligru, "
               "gru, lstm, rnn_tanh, rnn_relu)");
   TORCH_CHECK(mask.numel() == 0 || (mask.dim() == 2 && mask.size(0) == B && mask.size(1) == H), op,
-              ": the candidate mask must be empty or (B, H) = (", B, ", ", H, ")");
+              ": the candidate mask must be empty or (B, H) = (", text(B), ", ", text(H), ")");
 }
 
 // The forward pass of unit K; see gated_forward.
@@ -753,9 +761,9 @@ template <typename K>
 std::tuple<Tensor, Tensor, Tensor> unit_forward(const Tensor& proj, const Tensor& weight_t, const Tensor& bias,
                                                 const Tensor& h0, const Tensor& mask, bool train) {
   const int64_t T = proj.size(0), B = proj.size(1), width = proj.size(2), H = weight_t.size(0);
-  TORCH_CHECK(width == K::kGates * H && weight_t.size(1) == width, "gated_forward: expected ", K::kGates,
-              " gates of ", H, " units, got proj of width ", width);
-  TORCH_CHECK(bias.numel() == 0 || bias.numel() == width, "gated_forward: bias must be empty or of width ", width);
+  TORCH_CHECK(width == K::kGates * H && weight_t.size(1) == width, "gated_forward: expected ", text(K::kGates),
+              " gates of ", text(H), " units, got proj of width ", text(width));
+  TORCH_CHECK(bias.numel() == 0 || bias.numel() == width, "gated_forward: bias must be empty or of width ", text(width));
   check_mask<K>(mask, B, H, "gated_forward");
   const auto options = proj.options();
   const int64_t kw = K::kKept * H;
@@ -811,9 +819,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> unit_backward(const Tensor& kept, con
                                                          const Tensor& h0, const Tensor& mask, const Tensor& grad_out,
                                                          const Tensor& weight, bool bias_grad) {
   const int64_t T = out.size(0), B = out.size(1), H = out.size(2), width = weight.size(0);
-  TORCH_CHECK(width == K::kGates * H, "gated_backward: expected ", K::kGates, " gates of ", H, " units");
+  TORCH_CHECK(width == K::kGates * H, "gated_backward: expected ", text(K::kGates), " gates of ", text(H), " units");
   check_mask<K>(mask, B, H, "gated_backward");
-  TORCH_CHECK(kept.numel() == T * B * K::kKept * H, "gated_backward: kept must be (T, B, ", K::kKept, " H)");
+  TORCH_CHECK(kept.numel() == T * B * K::kKept * H, "gated_backward: kept must be (T, B, ", text(K::kKept), " H)");
   TORCH_CHECK(!K::kCell || cell.numel() == T * B * H, "gated_backward: the cell state must be (T, B, H)");
   const auto options = out.options();
   const int64_t kw = K::kKept * H;
