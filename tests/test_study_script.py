@@ -36,15 +36,22 @@ def run_script(tmp_path, *options):
 def test_the_stages_sweep_phones_words_and_plain_rmsprop_then_make_the_tables(tmp_path):
     calls = run_script(tmp_path)
     verbs = [(c[0], c[1]) for c in calls]
-    assert verbs[:4] == [("compare.py", "sweep")] * 4
-    phones, words, plain, plain_stacked = calls[:4]
-    phone_cfgs = [a for a in phones if a.endswith(".cfg")]
+    assert verbs[:5] == [("compare.py", "sweep")] * 5
+    phones, phones_stacked, words, plain, plain_stacked = calls[:5]
+    phone_cfgs = [a for a in phones + phones_stacked if a.endswith(".cfg")]
     assert len(phone_cfgs) == 15 and "cfg/MINI_MGU.cfg" in phone_cfgs and "cfg/MINI_liGRU_UBRU.cfg" in phone_cfgs
     assert all((ROOT / cfg).is_file() for cfg in phone_cfgs)
-    for sweep in (phones, words, plain, plain_stacked):
+    for sweep in calls[:5]:
         assert "--exp,n_epochs_tr=24" in sweep and "--exp,patience=2" in sweep and "1,2,3" in sweep
     assert [a for a in words if a.endswith(".cfg")] == ["cfg/MINIW_liBRU.cfg", "cfg/MINIW_liGRU.cfg", "cfg/MINIW_LSTM.cfg"]
-    assert not any("opt_bias_correction" in a for a in phones + words)
+    # the study's one optimiser: bias-corrected RMSprop in every architecture, also where a config ships
+    # with plain RMSprop (cfg/MINI_LSTM.cfg does)
+    assert "opt_bias_correction = False" in (ROOT / "cfg" / "MINI_LSTM.cfg").read_text()
+    for sweep in (phones, words):
+        assert "--architecture1,opt_bias_correction=True" in sweep and not any("architecture2" in a for a in sweep)
+    assert [a for a in phones_stacked if a.endswith(".cfg")] == ["cfg/MINI_liGRU_UBRU.cfg"]
+    assert {"--architecture1,opt_bias_correction=True", "--architecture2,opt_bias_correction=True"} <= set(phones_stacked)
+    assert str(tmp_path / "out" / "phones") in phones and str(tmp_path / "out" / "phones") in phones_stacked
     # the "before" of the seeds fix: every phone config, plain RMSprop in each of its architectures
     assert sorted(a for a in plain + plain_stacked if a.endswith(".cfg")) == sorted(phone_cfgs)
     assert "--architecture1,opt_bias_correction=False" in plain and not any("architecture2" in a for a in plain)

@@ -3,7 +3,9 @@
 # task, Li-BRU, Li-GRU and LSTM at seeds 1-3 on the word task, each trained until its dev error stops
 # improving; then the same phone sweep with plain RMSprop, the "before" of the seeds fix
 # (opt_bias_correction, cfg/README.md); then the tables (with the papers' comparisons as named pairs)
-# and the figures.
+# and the figures. The study trains every unit with one optimiser, RMSprop with the bias-corrected
+# square average (opt_bias_correction = True in every architecture), also the configs that ship with
+# plain RMSprop: a comparison of units holds everything else equal.
 #
 #   recipes/mini_timit/run_study.sh                 # everything not yet finished (each phone sweep about 6 h on 2 cores)
 #   recipes/mini_timit/run_study.sh --stage 4       # only the tables and figures, from the runs so far
@@ -17,7 +19,7 @@
 # resumes an unfinished one from its last checkpoint):
 #   1 phones   compare.py sweep of the MINI configs -> <out>/phones/<config>/seed<N>
 #   2 words    compare.py sweep of MINIW_liBRU, MINIW_liGRU, MINIW_LSTM -> <out>/words/...
-#   3 plain    stage 1 again with opt_bias_correction = False in every architecture (plain RMSprop, the
+#   3 plain    stage 1 again with opt_bias_correction = False in every architecture (plain RMSprop, all
 #              configs as they were before the seeds fix) -> <out>/phones_plain/...; each config is
 #              paired with its stage-1 runs, so stage 1 is the "after" of the fix at the study's schedule
 #   4 tables   compare.py archive of the finished runs (no weights) into results/study_runs/, which is
@@ -90,37 +92,40 @@ word_pairs=MINIW_liBRU:MINIW_liGRU,MINIW_LSTM:MINIW_liGRU
 fix_pairs=$(for cfg in "${phones[@]}"; do name=$(basename "$cfg" .cfg); printf '%s:%s(opt_bias_correction=False),' "$name" "$name"; done)
 fix_pairs=${fix_pairs%,}
 
+sweep_with() {  # sweep_with VALUE OUT CONFIG...: compare.py sweep with opt_bias_correction = VALUE in every
+  # architecture a config has (each has its own optimiser), so the configs go in one sweep per number
+  # of [architectureN] sections
+  local value=$1 to=$2 cfg n i
+  shift 2
+  local -A by_count=()
+  for cfg in "$@"; do
+    n=$(grep -c '^\[architecture[0-9]' "$cfg")
+    by_count[$n]+="$cfg "
+  done
+  for n in $(printf '%s\n' "${!by_count[@]}" | sort -n); do
+    local optimiser=()
+    for i in $(seq 1 "$n"); do optimiser+=("--architecture$i,opt_bias_correction=$value"); done
+    # shellcheck disable=SC2086  # the configs' paths have no spaces
+    python compare.py sweep ${by_count[$n]} --seeds $seeds --jobs $jobs --out "$to" "${schedule[@]}" "${optimiser[@]}"
+  done
+}
+
 if [ $stage -le 1 ] && [ $stop_stage -ge 1 ]; then
   echo "$(date '+%F %T') Stage 1: phones"
   restore phones
-  python compare.py sweep "${phones[@]}" --seeds $seeds --jobs $jobs --out $out/phones --baseline MINI_liGRU \
-    "${schedule[@]}"
+  sweep_with True $out/phones "${phones[@]}"
 fi
 
 if [ $stage -le 2 ] && [ $stop_stage -ge 2 ]; then
   echo "$(date '+%F %T') Stage 2: words"
   restore words
-  python compare.py sweep "${words[@]}" --seeds $seeds --jobs $jobs --out $out/words --baseline MINIW_liGRU \
-    "${schedule[@]}"
+  sweep_with True $out/words "${words[@]}"
 fi
 
 if [ $stage -le 3 ] && [ $stop_stage -ge 3 ]; then
   echo "$(date '+%F %T') Stage 3: phones with plain RMSprop"
   restore phones_plain
-  # plain RMSprop in every architecture a config has (each has its own optimiser), so the configs go in
-  # one sweep per number of [architectureN] sections
-  declare -A by_count=()
-  for cfg in "${phones[@]}"; do
-    n=$(grep -c '^\[architecture[0-9]' "$cfg")
-    by_count[$n]+="$cfg "
-  done
-  for n in $(printf '%s\n' "${!by_count[@]}" | sort -n); do
-    plain=()
-    for i in $(seq 1 "$n"); do plain+=("--architecture$i,opt_bias_correction=False"); done
-    # shellcheck disable=SC2086  # the configs' paths have no spaces
-    python compare.py sweep ${by_count[$n]} --seeds $seeds --jobs $jobs --out $out/phones_plain \
-      "${schedule[@]}" "${plain[@]}"
-  done
+  sweep_with False $out/phones_plain "${phones[@]}"
 fi
 
 if [ $stage -le 4 ] && [ $stop_stage -ge 4 ]; then
