@@ -106,9 +106,10 @@ inline void for_row_pieces(int64_t begin, int64_t end, int64_t W, const F& f) {
 }
 
 // A number in an error message, as text. Messages take numbers only through this, never through an
-// ostream's operator<<: on one machine (torch 2.11's wheel, g++ 13.3) formatting an integer inside
-// TORCH_CHECK's message crashed the process in std::num_put, for every build of these kernels, so
-// that a malformed call killed Python instead of raising. std::to_string formats without a locale.
+// ostream's operator<<: on one machine (torch 2.11's wheel; the extension built by a compiler whose
+// libstdc++ was not the one the process loaded, so the library held its own copy of std::num_put)
+// formatting an integer inside TORCH_CHECK's message crashed the process, for every build of these
+// kernels, so that a malformed call killed Python instead of raising. std::to_string needs no locale.
 inline std::string text(int64_t value) {
   return std::to_string(value);
 }
