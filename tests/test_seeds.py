@@ -15,8 +15,8 @@ import run_exp
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = ROOT / "tests" / "data" / "tiny_liBRU.cfg"
-# the optimiser of cfg/MINI_*.cfg: RMSprop at 0.002, alpha 0.95; the square average bias-corrected in the
-# Li-BRU and Li-GRU configs, plain where plain RMSprop trained every seed (the other units' configs)
+# the optimiser of cfg/MINI_*.cfg: RMSprop at 0.002, alpha 0.95; the square average bias-corrected as in
+# MINI_liBRU and MINI_liGRU, plain as in the other units' configs (where plain RMSprop trained every seed)
 MINI_OPTIMISER = ("--architecture1,arch_lr=0.002", "--architecture1,opt_alpha=0.95")
 CORRECTED, PLAIN = "--architecture1,opt_bias_correction=True", "--architecture1,opt_bias_correction=False"
 UNITS = [("libru", [CORRECTED]), ("ligru", [CORRECTED]), ("lbru", ["--architecture1,backward=layer", PLAIN]),
