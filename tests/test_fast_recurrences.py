@@ -107,6 +107,21 @@ def test_native_kernels_split_units_across_threads(unit, options, backend, monke
 
 
 @pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
+def test_float32_products_of_several_panels_and_an_odd_batch(unit, options, backend, monkeypatch):
+    """float32 on two threads, H = 45 and 6 sequences: the AVX2 build's own per-step product (panels of
+    24 rows of the recurrent matrix, 4 sequences at a time) meets full panels, a partial last panel
+    and a last block of 2 sequences, forward and in the backward pass's accumulating product."""
+    monkeypatch.setattr(native, "_loaded", native._loaded)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _compare(unit, options, True, torch.float32, hidden_size=45, T=4, lengths=(4, 2, 4, 1, 3, 4),
+                 device=device_of(backend))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
 def test_fast_path_gradcheck_and_single_frame(unit, options, backend):
     """Finite differences through the hand-written backward passes, including T = 1 sequences."""
     device = device_of(backend)

@@ -6,9 +6,10 @@
 // time step is one fused pass over its values: for the cells with a recurrent matrix the threads
 // split the hidden units for the whole loop (see forward_loop), and the purely elementwise
 // recursions (UBRU alpha, its backward passes, their gradients) run their whole time loop in one
-// call, split across threads by unit. Products go to the BLAS that libtorch calls (MKL on x86-64),
-// the arithmetic to ATen's own vectorised math (at::vec::Vectorized, SLEEF exp / log1p), so no
-// numerical code of our own beyond the equations.
+// call, split across threads by unit. The arithmetic goes to ATen's own vectorised math
+// (at::vec::Vectorized, SLEEF exp / log1p); the per-step products to a small kernel of ours in the AVX2
+// build (see StepProduct: the BLAS is slow at a product of a few columns), else to the BLAS that
+// libtorch calls (MKL on x86-64).
 //
 // One translation unit (it runs past 450 lines for that reason): the build compiles one file, and the
 // kernels share their vector helpers and the thread split. The units of the gated family (BRU, Li-BRU,
@@ -34,6 +35,13 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+// The AVX2 build multiplies the per-step products with its own kernel (see StepProduct); the
+// BRU_KALDI_ATEN_GEMM check build leaves every product to ATen.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) && !defined(BRU_KALDI_ATEN_GEMM)
+#include <immintrin.h>
+#define BRU_KALDI_PANEL_PRODUCT 1
+#endif
 
 namespace {
 
@@ -321,30 +329,127 @@ void sgemm_compute_(const char*, const char*, const int*, const int*, const int*
                     const float*, const int*, const float*, float*, const int*) __attribute__((weak));
 }
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+#ifdef BRU_KALDI_PANEL_PRODUCT
+// Our own small-product kernel, for the AVX2 build. Why by hand: with the batch (8-32 sequences) as the
+// product's few columns, MKL's packed GEMM reached 37-64 GFLOP/s on one core of an AMD EPYC (AVX2), this
+// kernel 61-92 (2026-11-26, shapes 128-384 by 8-16 by 256-1024, one thread, four runs; RESULTS.md): the
+// BLAS is tuned for large products. A is packed once into panels of 24 rows (three 8-float vectors), each
+// stored as k rows of 24 contiguous floats; a panel times up to 4 columns of B keeps its 24 x 4 results in
+// 12 vector registers for the whole sum over k. Each panel is used for every column of B before the next
+// one is read, so A streams once per product. The sums run in order over k, like any dot product: results
+// differ from the BLAS's only in rounding. (The AVX-512 build keeps MKL: it was not measured against it.)
+constexpr int64_t kPanel = 24;
+
+// C[:, j] = beta C[:, j] + value for the 24 rows of a panel (fewer in A's last panel, whose padding
+// rows are not C's).
+inline void store_panel_column(const __m256* value, float beta, float* column, int64_t rows) {
+  if (rows == kPanel) {
+    for (int v = 0; v < 3; ++v) {
+      __m256 sum = value[v];
+      if (beta != 0.f) sum = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(column + 8 * v), sum);
+      _mm256_storeu_ps(column + 8 * v, sum);
+    }
+    return;
+  }
+  alignas(32) float part[kPanel];
+  for (int v = 0; v < 3; ++v) _mm256_store_ps(part + 8 * v, value[v]);
+  for (int64_t i = 0; i < rows; ++i) column[i] = part[i] + (beta != 0.f ? beta * column[i] : 0.f);
+}
+
+// C[0:rows, 0:4] = panel (k rows of 24) times B[0:k, 0:4] + beta C; column-major B (ldb), C (ldc).
+// Written out: with the four columns in a loop, even unrolled, GCC kept the sums in memory (3x slower).
+inline void panel_times_4(int64_t k, const float* panel, const float* b, int64_t ldb, float beta, float* c,
+                          int64_t ldc, int64_t rows) {
+  __m256 s00 = _mm256_setzero_ps(), s01 = s00, s02 = s00, s10 = s00, s11 = s00, s12 = s00;
+  __m256 s20 = s00, s21 = s00, s22 = s00, s30 = s00, s31 = s00, s32 = s00;
+  const float *b0 = b, *b1 = b + ldb, *b2 = b + 2 * ldb, *b3 = b + 3 * ldb;
+  for (int64_t p = 0; p < k; ++p, panel += kPanel) {
+    const __m256 a0 = _mm256_load_ps(panel), a1 = _mm256_load_ps(panel + 8), a2 = _mm256_load_ps(panel + 16);
+    __m256 x = _mm256_broadcast_ss(b0 + p);
+    s00 = _mm256_fmadd_ps(a0, x, s00), s01 = _mm256_fmadd_ps(a1, x, s01), s02 = _mm256_fmadd_ps(a2, x, s02);
+    x = _mm256_broadcast_ss(b1 + p);
+    s10 = _mm256_fmadd_ps(a0, x, s10), s11 = _mm256_fmadd_ps(a1, x, s11), s12 = _mm256_fmadd_ps(a2, x, s12);
+    x = _mm256_broadcast_ss(b2 + p);
+    s20 = _mm256_fmadd_ps(a0, x, s20), s21 = _mm256_fmadd_ps(a1, x, s21), s22 = _mm256_fmadd_ps(a2, x, s22);
+    x = _mm256_broadcast_ss(b3 + p);
+    s30 = _mm256_fmadd_ps(a0, x, s30), s31 = _mm256_fmadd_ps(a1, x, s31), s32 = _mm256_fmadd_ps(a2, x, s32);
+  }
+  const __m256 c0[3] = {s00, s01, s02}, c1[3] = {s10, s11, s12}, c2[3] = {s20, s21, s22}, c3[3] = {s30, s31, s32};
+  store_panel_column(c0, beta, c, rows);
+  store_panel_column(c1, beta, c + ldc, rows);
+  store_panel_column(c2, beta, c + 2 * ldc, rows);
+  store_panel_column(c3, beta, c + 3 * ldc, rows);
+}
+
+// The same for one column (the last columns of B when their number is not a multiple of 4).
+inline void panel_times_1(int64_t k, const float* panel, const float* b, float beta, float* c, int64_t rows) {
+  __m256 s[3] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t p = 0; p < k; ++p, panel += kPanel) {
+    const __m256 x = _mm256_broadcast_ss(b + p);
+    s[0] = _mm256_fmadd_ps(_mm256_load_ps(panel), x, s[0]);
+    s[1] = _mm256_fmadd_ps(_mm256_load_ps(panel + 8), x, s[1]);
+    s[2] = _mm256_fmadd_ps(_mm256_load_ps(panel + 16), x, s[2]);
+  }
+  store_panel_column(s, beta, c, rows);
+}
+#endif
+
 // A product that every time step repeats with the same left operand: column-major C (m, n) = A (m, k)
 // B (k, n) + beta C for a fixed A (a thread's block of the recurrent matrix). Each GEMM call repacks A
 // into the BLAS's internal layout, which for the few columns of B here (the batch) costs about as much
-// as the multiplication; MKL's packed GEMM packs it once per time loop. Where the BLAS has none (float64,
-// another BLAS) it is gemm() itself.
+// as the multiplication, so A is packed once per time loop: into our panels (float, AVX2 build, above),
+// else into MKL's packed GEMM layout. Where neither applies (float64, another BLAS) it is gemm() itself.
 template <typename T>
 class StepProduct {
  public:
   StepProduct(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda) : m_(m), n_(n), k_(k), a_(a), lda_(lda) {
-#ifndef BRU_KALDI_ATEN_GEMM
+    if (m <= 0 || n <= 0 || k <= 0) return;
     if constexpr (std::is_same_v<T, float>) {
-      if (sgemm_pack_get_size_ && sgemm_pack_ && sgemm_compute_ && m > 0 && n > 0 && k > 0) {
+#ifdef BRU_KALDI_PANEL_PRODUCT
+      const int64_t panels = ceil_div(m, kPanel);
+      panels_.reset(static_cast<float*>(std::aligned_alloc(64, panels * kPanel * k * sizeof(float))));
+      if (panels_) {
+        for (int64_t q = 0; q < panels; ++q) {
+          float* panel = panels_.get() + q * kPanel * k;
+          const int64_t rows = std::min(kPanel, m - q * kPanel);
+          for (int64_t p = 0; p < k; ++p) {
+            const float* column = a + p * lda + q * kPanel;
+            std::copy(column, column + rows, panel + p * kPanel);
+            std::fill(panel + p * kPanel + rows, panel + (p + 1) * kPanel, 0.f);
+          }
+        }
+        return;
+      }
+#endif
+#ifndef BRU_KALDI_ATEN_GEMM
+      if (sgemm_pack_get_size_ && sgemm_pack_ && sgemm_compute_) {
         const int mi = m, ni = n, ki = k, ldai = lda;
         const float one = 1;
         const size_t bytes = sgemm_pack_get_size_("A", &mi, &ni, &ki);
         packed_.reset(static_cast<float*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
         if (packed_) sgemm_pack_("A", "N", &mi, &ni, &ki, &one, a, &ldai, packed_.get());
       }
-    }
 #endif
+    }
   }
 
   void operator()(const T* b, int64_t ldb, T beta, T* c, int64_t ldc) const {
     if constexpr (std::is_same_v<T, float>) {
+#ifdef BRU_KALDI_PANEL_PRODUCT
+      if (panels_) {
+        for (int64_t q = 0; q * kPanel < m_; ++q) {
+          const float* panel = panels_.get() + q * kPanel * k_;
+          const int64_t rows = std::min(kPanel, m_ - q * kPanel);
+          int64_t j = 0;
+          for (; j + 4 <= n_; j += 4)
+            panel_times_4(k_, panel, b + j * ldb, ldb, beta, c + j * ldc + q * kPanel, ldc, rows);
+          for (; j < n_; ++j) panel_times_1(k_, panel, b + j * ldb, beta, c + j * ldc + q * kPanel, rows);
+        }
+        return;
+      }
+#endif
       if (packed_) {
         const int mi = m_, ni = n_, ki = k_, ldbi = ldb, ldci = ldc;
         return sgemm_compute_("P", "N", &mi, &ni, &ki, packed_.get(), &mi, b, &ldbi, &beta, c, &ldci);
@@ -360,12 +465,10 @@ class StepProduct {
   int64_t m_, n_, k_;
   const T* a_;
   int64_t lda_;
-  std::unique_ptr<float, Free> packed_;
+  std::unique_ptr<float, Free> packed_, panels_;
 };
 
 constexpr int64_t kMinUnitsPerThread = 16;
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Threads worth using for H units; each gets whole vectors of units.
 int planned_threads(int64_t H) {
