@@ -93,32 +93,30 @@ def test_fast_path_equals_reference(unit, options, bidirectional, dtype, backend
     _compare(unit, options, bidirectional, dtype, device=device_of(backend))
 
 
-@pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
-def test_native_kernels_split_units_across_threads(unit, options, backend, monkeypatch):
-    """H = 45 on two threads: the C++ loops give each thread a block of units (24 and 21, the second
-    ending in a partial vector) and the elementwise scans split units the same way."""
+@pytest.fixture
+def two_threads(monkeypatch):
+    """torch on two threads for one test (the C++ loops then split the units), restored after it."""
     monkeypatch.setattr(native, "_loaded", native._loaded)  # (the build stays cached)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:
-        _compare(unit, options, True, torch.float64, hidden_size=45, T=7, lengths=(7, 3, 7), device=device_of(backend))
-    finally:
-        torch.set_num_threads(threads)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
-def test_float32_products_of_several_panels_and_an_odd_batch(unit, options, backend, monkeypatch):
+def test_native_kernels_split_units_across_threads(unit, options, backend, two_threads):
+    """H = 45 on two threads: the C++ loops give each thread a block of units (24 and 21, the second
+    ending in a partial vector) and the elementwise scans split units the same way."""
+    _compare(unit, options, True, torch.float64, hidden_size=45, T=7, lengths=(7, 3, 7), device=device_of(backend))
+
+
+@pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
+def test_float32_products_of_several_panels_and_an_odd_batch(unit, options, backend, two_threads):
     """float32 on two threads, H = 45 and 6 sequences: the AVX2 build's own per-step product (panels of
     24 rows of the recurrent matrix, 4 sequences at a time) meets full panels, a partial last panel
     and a last block of 2 sequences, forward and in the backward pass's accumulating product."""
-    monkeypatch.setattr(native, "_loaded", native._loaded)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        _compare(unit, options, True, torch.float32, hidden_size=45, T=4, lengths=(4, 2, 4, 1, 3, 4),
-                 device=device_of(backend))
-    finally:
-        torch.set_num_threads(threads)
+    _compare(unit, options, True, torch.float32, hidden_size=45, T=4, lengths=(4, 2, 4, 1, 3, 4),
+             device=device_of(backend))
 
 
 @pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])

@@ -409,7 +409,7 @@ class StepProduct {
     if constexpr (std::is_same_v<T, float>) {
 #ifdef BRU_KALDI_PANEL_PRODUCT
       const int64_t panels = ceil_div(m, kPanel);  // aligned_alloc wants a size that is a multiple of 64
-      panels_.reset(static_cast<float*>(std::aligned_alloc(64, ceil_div(panels * kPanel * k * 4, 64) * 64)));
+      panels_.reset(static_cast<float*>(std::aligned_alloc(64, ceil_div(panels * kPanel * k * int64_t(sizeof(float)), 64) * 64)));
       if (panels_) {
         for (int64_t q = 0; q < panels; ++q) {
           float* panel = panels_.get() + q * kPanel * k;
