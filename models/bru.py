@@ -48,9 +48,8 @@ class _LogStateCell(RecurrentMatrixCell):
     def _safe_log(self, h):
         return torch.log(h.clamp_min(torch.finfo(h.dtype).tiny))
 
-    def finish(self, proj, emitted, lengths):
-        log_h = emitted[0]
-        return log_h, log_h.exp()
+    def probabilities(self, output, probabilities):
+        return output.exp()  # h_t from log h_t
 
     def fast_forward(self, proj, lengths):
         return fast.gated(self, self.fast_kind, proj, lengths) if self.form == "log" else None

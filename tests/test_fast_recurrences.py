@@ -277,3 +277,41 @@ def test_softplus_recurrence_runs_backwards_in_time(backend):
     flipped = SoftplusRecurrence.apply(c.flip(0), k, x0).flip(0)
     torch.testing.assert_close(backwards, flipped, rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(lambda *a: SoftplusRecurrence.apply(*a, True), (c, k, x0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("width, bias", [(11, True), (8, False), (1, True)])
+def test_aligned_products_equal_linear(width, bias, dtype):
+    """The layers' and heads' products (``models.fast.products.linear``) against ``F.linear``: the output,
+    the gradients of input, weight and bias, and the rows of every product starting on 32 bytes."""
+    from models.fast.products import ROW_BYTES, aligned_mm, linear
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 7, dtype=dtype, requires_grad=True)  # 7 inputs: the input gradient needs padded rows
+    weight = torch.randn(width, 7, dtype=dtype, requires_grad=True)
+    b = torch.randn(width, dtype=dtype, requires_grad=True) if bias else None
+    upstream = torch.randn(3, 5, width, dtype=dtype)
+    tol = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    inputs = (x, weight) + ((b,) if bias else ())
+    ours = linear(x, weight, b)
+    expected = torch.nn.functional.linear(x, weight, b)
+    torch.testing.assert_close(ours, expected, **tol)
+    torch.testing.assert_close(torch.autograd.grad(ours, inputs, upstream),
+                               torch.autograd.grad(expected, inputs, upstream), **tol)
+    for a, c in ((x.detach().flatten(0, 1), weight.detach().t()), (upstream.flatten(0, 1), weight.detach()),
+                 (upstream.flatten(0, 1).t(), x.detach().flatten(0, 1))):
+        product = aligned_mm(a, c)
+        assert product.stride(0) * product.element_size() % ROW_BYTES == 0
+        assert product.data_ptr() % ROW_BYTES == 0
+        torch.testing.assert_close(product, a @ c, **tol)
+    frozen = linear(x.detach(), weight, b)  # no input gradient asked for: only the parameters'
+    assert torch.autograd.grad(frozen.sum(), weight)[0].shape == weight.shape
+
+
+def test_aligned_products_gradcheck():
+    from models.fast.products import linear
+
+    x = torch.randn(4, 6, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(linear, (x, weight, bias))
