@@ -363,18 +363,30 @@ class RecurrentLayer(nn.Module):
         # time-major memory, which the next layer's projection reads as it is.
         D, x = self.num_directions, x.transpose(0, 1).contiguous()  # (T, B, F): F is small, the copy cheap
         padded = has_padding(lengths, x.size(0))
-        # One product for both directions: its rows (D*G*H wide) keep the CPU's GEMM at full speed,
-        # where one product per direction ran about a third slower at H = 550 (see models.fast.products).
-        # The backward direction's columns are then reversed within each sequence: that only reorders
-        # real frames, so the norm's per-column statistics over real frames are the same either way.
-        proj = linear(x, self.proj.weight, self.proj.bias)  # (T, B, D*G*H)
-        if self.norm is not None:
-            proj = self.norm(proj, mask.t() if padded else None)  # (T, B) real frames
-        if padded:
-            proj = zero_padding(proj, lengths)  # padding never reaches a recursion
-        projs = (proj,) if D == 1 else proj.chunk(2, dim=-1)
-        if D == 2:
-            projs = (projs[0], reverse_padded(projs[1], lengths, time_dim=0))
+        # The backward direction reads each sequence reversed within its length. Where the input is
+        # narrower than a direction's projections (a first layer), the input is reversed and each
+        # direction has its own product; otherwise both directions share one product, whose wider
+        # rows keep the CPU's GEMM faster (models.fast.products), and the backward direction's columns
+        # are reversed. Reversal only reorders real frames, so the norm's per-column statistics over
+        # real frames are the same either way.
+        real = mask.t() if padded else None  # (T, B)
+        if D == 2 and self.input_size < self.proj.out_features // 2:
+            weights = self.proj.weight.chunk(2)
+            biases = self.proj.bias.chunk(2) if self.proj.bias is not None else (None, None)
+            projs = [linear(reverse_padded(x, lengths, time_dim=0) if d else x, weights[d], biases[d]) for d in (0, 1)]
+            if self.norm is not None:
+                projs = [self.norm(p, real, part=(d, 2)) for d, p in enumerate(projs)]
+            if padded:
+                projs = [zero_padding(p, lengths) for p in projs]  # padding never reaches a recursion
+        else:
+            proj = linear(x, self.proj.weight, self.proj.bias)  # (T, B, D*G*H)
+            if self.norm is not None:
+                proj = self.norm(proj, real)
+            if padded:
+                proj = zero_padding(proj, lengths)
+            projs = (proj,) if D == 1 else proj.chunk(2, dim=-1)
+            if D == 2:
+                projs = (projs[0], reverse_padded(projs[1], lengths, time_dim=0))
         outputs = []
         for cell, p in zip(self.cells, projs):
             out, prob = cell(p.transpose(0, 1), lengths)

@@ -62,6 +62,43 @@ def test_reverse_direction_reads_each_sequence_backwards(unit, options):
     torch.testing.assert_close(bi(x, [n])[0, :n, 4:], backwards[0])
 
 
+def _reverse_each(x, lengths):
+    """Each sequence of ``x`` ``(B, T, ...)`` reversed within its length, padding in place: written out
+    per sequence, apart from the library's index arithmetic."""
+    rows = [torch.cat([x[b, :n].flip(0), x[b, n:]]) for b, n in enumerate(lengths)]
+    return torch.stack(rows)
+
+
+OURS = [v for v in RECURRENT if not v[0].startswith("cudnn_")]  # layers with a projection of their own
+
+
+@pytest.mark.parametrize("input_size", [3, 16], ids=["narrow-input", "wide-input"])
+@pytest.mark.parametrize("unit, options", OURS, ids=[variant_id(v) for v in OURS])
+def test_bidirectional_training_layer_equals_two_layers(unit, options, input_size):
+    """In training, with batch norm and a padded batch, a bidirectional layer equals two unidirectional
+    layers with its weights, the second on each sequence reversed: outputs and input gradients. A
+    narrow input (F < G*H) takes one product per direction, a wide one a product for both; the batch
+    norm's statistics are per direction over real frames either way."""
+    bi = make_layer(unit, dict(options, norm="batch"), input_size=input_size, hidden_size=3, bidirectional=True,
+                    dtype=torch.float64, seed=5).train()
+    halves = [models.build(unit, input_size, 3, norm="batch", **options).double().train() for _ in range(2)]
+    for d, half in enumerate(halves):
+        state = {}
+        for name, value in bi.state_dict().items():
+            if name.startswith("proj.") or name.startswith("norm."):
+                state[name] = value.chunk(2, dim=0)[d] if value.dim() else value
+            elif name.startswith(f"cells.{d}."):
+                state["cells.0." + name[len(f"cells.{d}."):]] = value
+        half.load_state_dict(state, strict=True)
+    lengths = [7, 5, 2]
+    x = torch.randn(3, 7, input_size, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(3, 7, 6, dtype=torch.float64)
+    out = bi(x, lengths)
+    expected = torch.cat([halves[0](x, lengths), _reverse_each(halves[1](_reverse_each(x, lengths), lengths), lengths)], -1)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out, x, upstream)[0], torch.autograd.grad(expected, x, upstream)[0])
+
+
 def test_merge_directions_equals_reversal_then_concatenation():
     """The one-pass merge of a bidirectional layer's outputs, forward and backward, against the two steps it fuses."""
     from models.recurrent import merge_directions, reverse_padded

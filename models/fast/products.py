@@ -1,7 +1,7 @@
-"""Large matrix products on the CPU written into rows that start on 32-byte boundaries.
+"""The gradients of the layers' projections on the CPU, written into rows that start on 32-byte boundaries.
 
-MKL's single-precision GEMM slows down by about a third on this project's x86 CPUs when the rows of
-its *output* are not a whole number of 32-byte vectors: with 2 threads of an AMD EPYC, a
+MKL's single-precision GEMM slowed down by about a third on an AMD EPYC (AVX2) when the rows of its
+*output* were not a whole number of 32-byte vectors: with 2 threads, a
 ``(3200, 2200) @ (2200, N)`` product reached 80 GFLOP/s at ``N = 1100`` and 120 at ``N = 1104``, and
 writing the ``N = 1100`` product into rows of 1104 floats (a view of a wider buffer) gave 117 again.
 ``N = 1100`` is exactly the width of every bidirectional layer of 550 units (the TIMIT recipes'
@@ -10,9 +10,10 @@ to 32 bytes (one AVX2 vector) and return a ``(rows, N)`` view of it; the element
 them next takes strided input at no cost. Rounding up to 64 bytes made no product faster there
 (``N = 2200``, 32-byte rows, ran as fast unpadded); an AVX-512 CPU was not measured.
 
-:func:`linear` is ``torch.nn.functional.linear`` with its forward and both backward products written
-that way on the CPU; anywhere else (CUDA) it is ``F.linear`` itself, whose libraries choose their own
-layouts.
+:func:`linear` is ``torch.nn.functional.linear`` with both backward products (the input's and the
+weight's gradients) written that way on the CPU; its forward product is an ordinary contiguous one,
+which the norm's kernel and the cells take as it is. Anywhere else (CUDA) it is ``F.linear`` itself,
+whose libraries choose their own layouts.
 """
 
 from __future__ import annotations
@@ -42,14 +43,16 @@ def aligned_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class _AlignedLinear(torch.autograd.Function):
-    """``x W^T + b`` over frames ``(M, F)``; forward and backward products in aligned rows."""
+    """``x W^T + b`` over frames ``(M, F)``; the backward products in aligned rows."""
 
     @staticmethod
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        out = aligned_mm(x, weight.t())
-        return out if bias is None else out.add_(bias)
+        # Contiguous: the norm's kernel and the cells need it so. The width that slows GEMM down is
+        # the input's (1100 at H = 550), which only backward writes; the projections' own width is
+        # D*G*H (2200 there, whole 32-byte vectors).
+        return x.mm(weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
 
     @staticmethod
     @once_differentiable
@@ -63,10 +66,10 @@ class _AlignedLinear(torch.autograd.Function):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``; on the CPU its products are written into aligned rows.
+    """``F.linear(x, weight, bias)``; on the CPU its gradients are written into aligned rows.
 
-    Shapes: ``x`` ``(..., F)``, ``weight`` ``(N, F)``, ``bias`` ``(N,)`` or ``None`` -> ``(..., N)``; on the
-    CPU the result's rows may be a view of a wider buffer (``stride(-2) >= N``).
+    Shapes: ``x`` ``(..., F)``, ``weight`` ``(N, F)``, ``bias`` ``(N,)`` or ``None`` -> ``(..., N)``, contiguous;
+    on the CPU the input's gradient may be a view of a wider buffer (``stride(-2) >= F``).
 
     >>> x, w = torch.randn(4, 3, 5), torch.randn(6, 5)
     >>> torch.allclose(linear(x, w), x @ w.t(), atol=1e-6)
