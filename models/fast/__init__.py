@@ -9,6 +9,8 @@ backward passes that save only what backward needs.
 ``loops``           their TorchScript time loops (the backend on CUDA and without a compiler)
 ``scans``           elementwise recursions (UBRU alpha, Kalman and HMM backward passes, smoothing)
 ``native``          builds and loads the C++ kernels of ``csrc/recurrences.cpp`` (the CPU backend)
+``products``        the layers' and heads' projections, their gradients written into rows aligned
+                    for the CPU's GEMM (:func:`linear`)
 ``csrc/``           the C++ kernels: one fused pass a time step, threads splitting the units; a unit
                     of the gated family is its elementwise step there, found by name
 ==================  =========================================================================
