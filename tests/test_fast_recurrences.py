@@ -282,8 +282,9 @@ def test_softplus_recurrence_runs_backwards_in_time(backend):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("width, bias", [(11, True), (8, False), (1, True)])
 def test_aligned_products_equal_linear(width, bias, dtype):
-    """The layers' and heads' products (``models.fast.products.linear``) against ``F.linear``: the output,
-    the gradients of input, weight and bias, and the rows of every product starting on 32 bytes."""
+    """The layers' and heads' products (``models.fast.products.linear``) against ``F.linear``: the output
+    and the gradients of input, weight and bias; the input gradient and ``aligned_mm``'s product of each
+    of the three shapes with rows starting on 32 bytes."""
     from models.fast.products import ROW_BYTES, aligned_mm, linear
 
     torch.manual_seed(0)
@@ -296,8 +297,9 @@ def test_aligned_products_equal_linear(width, bias, dtype):
     ours = linear(x, weight, b)
     expected = torch.nn.functional.linear(x, weight, b)
     torch.testing.assert_close(ours, expected, **tol)
-    torch.testing.assert_close(torch.autograd.grad(ours, inputs, upstream),
-                               torch.autograd.grad(expected, inputs, upstream), **tol)
+    grads = torch.autograd.grad(ours, inputs, upstream)
+    torch.testing.assert_close(grads, torch.autograd.grad(expected, inputs, upstream), **tol)
+    assert grads[0].stride(-2) * grads[0].element_size() % ROW_BYTES == 0  # 7 inputs, padded rows
     for a, c in ((x.detach().flatten(0, 1), weight.detach().t()), (upstream.flatten(0, 1), weight.detach()),
                  (upstream.flatten(0, 1).t(), x.detach().flatten(0, 1))):
         product = aligned_mm(a, c)
