@@ -317,3 +317,18 @@ def test_aligned_products_gradcheck():
     weight = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(linear, (x, weight, bias))
+    assert torch.autograd.gradgradcheck(linear, (x, weight, bias))  # a second derivative, as F.linear has
+
+
+def test_products_under_cpu_autocast_are_torchs_own():
+    """Under the CPU's bf16 autocast a network's products take torch's own op, which casts its operands:
+    forward and backward run, in bf16."""
+    from models.acoustic import AcousticModel
+
+    torch.manual_seed(0)
+    net = AcousticModel([models.build_stack("ligru", 20, [8, 8], bidirectional=True, norm="batch")], 10, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(torch.randn(2, 6, 20), torch.tensor([6, 4]))
+    assert out["senone"].dtype == torch.bfloat16
+    (out["senone"].float().sum() + out["mono"].float().sum()).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters() if p.requires_grad)

@@ -12,8 +12,8 @@ them next takes strided input at no cost. Rounding up to 64 bytes made no produc
 
 :func:`linear` is ``torch.nn.functional.linear`` with both backward products (the input's and the
 weight's gradients) written that way on the CPU; its forward product is an ordinary contiguous one,
-which the norm's kernel and the cells take as it is. Anywhere else (CUDA) it is ``F.linear`` itself,
-whose libraries choose their own layouts.
+which the norm's kernel and the cells take as it is. Anywhere else (CUDA), and under the CPU's
+autocast, it is ``F.linear`` itself.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 
 ROW_BYTES = 32  # the row alignment: one AVX2 vector
@@ -55,12 +54,13 @@ class _AlignedLinear(torch.autograd.Function):
         return x.mm(weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        grad_x = aligned_mm(grad, weight) if ctx.needs_input_grad[0] else None
+        # With create_graph (a second derivative) the products must be recorded: torch's own, then.
+        mm = torch.mm if torch.is_grad_enabled() else aligned_mm
+        grad_x = mm(grad, weight) if ctx.needs_input_grad[0] else None
         # An aligned (N, F) view: autograd copies it into the parameter's own layout when it stores it.
-        grad_weight = aligned_mm(grad.t(), x) if ctx.needs_input_grad[1] else None
+        grad_weight = mm(grad.t(), x) if ctx.needs_input_grad[1] else None
         grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias
 
@@ -75,8 +75,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     >>> torch.allclose(linear(x, w), x @ w.t(), atol=1e-6)
     True
     """
-    if x.device.type != "cpu" or x.dim() < 2:
-        return F.linear(x, weight, bias)
+    if x.device.type != "cpu" or x.dim() < 2 or torch.is_autocast_enabled("cpu"):
+        return F.linear(x, weight, bias)  # under autocast, torch's own op casts its operands
     frames = x.reshape(-1, x.size(-1))
     out = _AlignedLinear.apply(frames, weight, bias)
     return out.view(*x.shape[:-1], weight.size(0))
