@@ -40,7 +40,8 @@ A unit without a fast path touches two files:
    orthogonal per gate). It sets ``num_gates`` (the layer projects every frame to ``G*H`` at once),
    and defines ``initial_state(proj)`` and ``step(proj_t, state) -> (emitted, new_state)``, one time
    step with the paper's equation numbers in comments; ``finish`` too if it has a backward
-   recursion. Its unit-specific options are the keyword arguments of its ``__init__`` (validated
+   recursion, and ``probabilities`` if what ``posteriors()`` returns follows from its output (as
+   ``h = exp(log h)`` for Li-BRU: formed only when asked). Its unit-specific options are the keyword arguments of its ``__init__`` (validated
    there, with a ``ValueError`` naming the allowed values), and ``variants`` lists the option
    settings besides the defaults that the tests should sweep. Projection, norm, dropout, bidirection
    and padding are the layer's: the cell never sees them.
