@@ -49,8 +49,9 @@ class _AlignedLinear(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         # Contiguous: the norm's kernel and the cells need it so. The width that slows GEMM down is
-        # the input's (1100 at H = 550), which only backward writes; the projections' own width is
-        # D*G*H (2200 there, whole 32-byte vectors).
+        # the input's (1100 at H = 550), which only backward writes. A product for both directions is
+        # 2200 wide there (whole 32-byte vectors); a first layer's per-direction products are 1100
+        # wide but have 40 inputs, a small part of the step.
         return x.mm(weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
 
     @staticmethod
