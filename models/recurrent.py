@@ -374,19 +374,16 @@ class RecurrentLayer(nn.Module):
             weights = self.proj.weight.chunk(2)
             biases = self.proj.bias.chunk(2) if self.proj.bias is not None else (None, None)
             projs = [linear(reverse_padded(x, lengths, time_dim=0) if d else x, weights[d], biases[d]) for d in (0, 1)]
-            if self.norm is not None:
-                projs = [self.norm(p, real, part=(d, 2)) for d, p in enumerate(projs)]
-            if padded:
-                projs = [zero_padding(p, lengths) for p in projs]  # padding never reaches a recursion
         else:
-            proj = linear(x, self.proj.weight, self.proj.bias)  # (T, B, D*G*H)
-            if self.norm is not None:
-                proj = self.norm(proj, real)
-            if padded:
-                proj = zero_padding(proj, lengths)
-            projs = (proj,) if D == 1 else proj.chunk(2, dim=-1)
-            if D == 2:
-                projs = (projs[0], reverse_padded(projs[1], lengths, time_dim=0))
+            projs = [linear(x, self.proj.weight, self.proj.bias)]  # (T, B, D*G*H)
+        parts = len(projs)
+        if self.norm is not None:
+            projs = [self.norm(p, real, part=(d, parts)) for d, p in enumerate(projs)]
+        if padded:
+            projs = [zero_padding(p, lengths) for p in projs]  # padding never reaches a recursion
+        if D > parts:  # one product for both directions: split it, reverse the backward one's columns
+            forward_part, backward_part = projs[0].chunk(2, dim=-1)
+            projs = [forward_part, reverse_padded(backward_part, lengths, time_dim=0)]
         outputs = []
         for cell, p in zip(self.cells, projs):
             out, prob = cell(p.transpose(0, 1), lengths)

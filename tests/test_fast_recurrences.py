@@ -307,7 +307,8 @@ def test_aligned_products_equal_linear(width, bias, dtype):
         assert product.data_ptr() % ROW_BYTES == 0
         torch.testing.assert_close(product, a @ c, **tol)
     frozen = linear(x.detach(), weight, b)  # no input gradient asked for: only the parameters'
-    assert torch.autograd.grad(frozen.sum(), weight)[0].shape == weight.shape
+    assert torch.autograd.grad(frozen.sum(), weight, retain_graph=True)[0].shape == weight.shape
+    torch.testing.assert_close(torch.autograd.grad((frozen * upstream).sum(), weight)[0], grads[1], **tol)
 
 
 def test_aligned_products_gradcheck():

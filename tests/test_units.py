@@ -86,7 +86,7 @@ def test_bidirectional_training_layer_equals_two_layers(unit, options, input_siz
         state = {}
         for name, value in bi.state_dict().items():
             if name.startswith("proj.") or name.startswith("norm."):
-                state[name] = value.chunk(2, dim=0)[d] if value.dim() else value
+                state[name] = value.chunk(2, dim=0)[d]
             elif name.startswith(f"cells.{d}."):
                 state["cells.0." + name[len(f"cells.{d}."):]] = value
         half.load_state_dict(state, strict=True)
