@@ -30,11 +30,12 @@ class _MaskedBatchNormFunction(torch.autograd.Function):
 
     Autograd's own version (gather the real frames, ``mean``, ``var``, then four elementwise ops) copied
     the real frames forward, scattered their gradient back, and made a pass per op each way; here the
-    statistics are matrix-vector products with ``real`` and the output one ``addcmul``. Every frame, padding included, is
-    normalised with those statistics, so the sums of the backward pass run over all frames, while only
-    the real frames carry the statistics' gradient::
+    statistics are matrix-vector products with ``real`` and the output one ``addcmul``. The real frames
+    are normalised with those statistics and the padded ones set to 0 (the layer would otherwise copy
+    the output to zero them), so padded frames pass no gradient and the sums run over real frames::
 
-        dx_i = scale g_i - real_i (scale / n) (sum_j g_j + xhat_i sum_j g_j xhat_j),  scale = w / sqrt(var + eps)
+        dx_i = real_i (scale g_i - (scale / n) (sum_j g_j + xhat_i sum_j g_j xhat_j)),  scale = w / sqrt(var + eps),
+        sums over the real frames j
 
     Returns ``(y, mean, var)``; ``mean`` and ``var`` (biased) are for the running statistics.
     """
@@ -58,6 +59,8 @@ class _MaskedBatchNormFunction(torch.autograd.Function):
         var = (ones @ (x - mean).square_()) / n
         inv = torch.rsqrt(var + eps)
         y, scale = _normalise(x, mean, inv, weight, bias)
+        if real is not None:
+            y.mul_(real[:, None])
         ctx.save_for_backward(x, real, mean, inv, scale)
         ctx.n = n
         ctx.mark_non_differentiable(mean, var)
@@ -72,14 +75,15 @@ class _MaskedBatchNormFunction(torch.autograd.Function):
                 grad.contiguous(), x.contiguous(), real, mean, var, weight.contiguous(), ctx.eps)
             return grad_x, None, grad_weight, grad_bias, None
         x, real, mean, inv, scale = ctx.saved_tensors
+        if real is not None:  # the padded outputs are constant 0
+            grad = grad * real[:, None]
         grad_bias = grad.sum(0)
         grad_weight = inv * ((grad * x).sum(0) - mean * grad_bias)  # sum_j g_j xhat_j
         c1 = scale * inv * grad_weight / ctx.n
         c0 = scale * grad_bias / ctx.n - mean * c1
-        correction = torch.addcmul(c0, x, c1)  # what the statistics add to each real frame's gradient
+        grad_x = torch.mul(grad, scale).sub_(torch.addcmul(c0, x, c1))  # c0 + c1 x: what the statistics add
         if real is not None:
-            correction.mul_(real[:, None])
-        grad_x = torch.mul(grad, scale).sub_(correction)
+            grad_x.mul_(real[:, None])
         return grad_x, None, grad_weight, grad_bias, None
 
 
@@ -88,16 +92,19 @@ class MaskedBatchNorm(nn.Module):
 
     In training the mean and variance come from frames where ``mask`` is true only (pytorch-kaldi
     counted padding in them); running statistics are used in evaluation, as in ``nn.BatchNorm1d``.
-    Padded frames are normalised with the same statistics.
+    Padded frames (``mask`` false) come out as 0 in both modes, and pass no gradient back.
 
     Shapes: ``x`` ``(..., C)`` frames in any layout, ``mask`` ``(...)`` bool or ``None`` (every frame
     real) -> ``(..., C)``.
 
     >>> norm = MaskedBatchNorm(4)
     >>> x, mask = torch.randn(2, 3, 4), torch.tensor([[True, True, True], [True, False, False]])
-    >>> norm(x, mask).shape
-    torch.Size([2, 3, 4])
+    >>> y = norm(x, mask)
+    >>> y.shape, bool((y[1, 1:] == 0).all())
+    (torch.Size([2, 3, 4]), True)
     """
+
+    zeroes_padding = True  # the layer need not zero the padded frames of its output again
 
     def __init__(self, num_features: int, momentum: float = 0.1, eps: float = 1e-5):
         super().__init__()
@@ -114,7 +121,8 @@ class MaskedBatchNorm(nn.Module):
         weight, bias, running_mean, running_var = (t.chunk(part[1])[part[0]] for t in (
             self.weight, self.bias, self.running_mean, self.running_var))
         if not self.training:
-            return _normalise(x, running_mean, torch.rsqrt(running_var + self.eps), weight, bias)[0]
+            y = _normalise(x, running_mean, torch.rsqrt(running_var + self.eps), weight, bias)[0]
+            return y if mask is None else y.mul_(mask[..., None])
         frames = x.reshape(-1, x.size(-1))  # no copy for contiguous x
         real = None if mask is None else mask.reshape(-1).to(x.dtype)
         y, mean, var = _MaskedBatchNormFunction.apply(frames, real, weight, bias, self.eps)
@@ -130,10 +138,13 @@ class BlockLayerNorm(nn.Module):
     """Layer norm applied separately to each ``H``-wide block (one gate of one direction).
 
     Normalising gates together would let one gate's scale set another's; per block, each gate
-    of each direction is normalised on its own. Frame-local, so padding cannot leak in.
+    of each direction is normalised on its own. Frame-local, so padding cannot leak in; padded frames
+    are normalised like the others (the layer zeroes them).
 
     Shapes: ``x`` ``(B, T, G*H)`` -> ``(B, T, G*H)``.
     """
+
+    zeroes_padding = False
 
     def __init__(self, num_features: int, block: int, eps: float = 1e-5):
         super().__init__()

@@ -193,7 +193,8 @@ def test_batch_norm_statistics_ignore_padding():
 def test_batch_norm_equals_gathered_frames_reference(padded, kernels, monkeypatch):
     """The batch norm's hand-written backward, both the C++ kernels and the torch version they fall back
     to, against autograd through the straightforward version (gather the real frames, their mean and
-    biased variance, normalise every frame), and float64 gradcheck."""
+    biased variance, normalise every frame, zero the padded ones), and float64 gradcheck; in evaluation
+    too, the padded frames come out as 0."""
     from models import norm as norm_module
     from models.norm import MaskedBatchNorm
 
@@ -213,7 +214,8 @@ def test_batch_norm_equals_gathered_frames_reference(padded, kernels, monkeypatc
     def straightforward(x, weight, bias):
         frames = x[mask] if padded else x.flatten(0, 1)
         mean, var = frames.mean(0), frames.var(0, unbiased=False)
-        return (x - mean) / torch.sqrt(var + norm.eps) * weight + bias
+        y = (x - mean) / torch.sqrt(var + norm.eps) * weight + bias
+        return torch.where(mask[..., None], y, 0.0) if padded else y
 
     params = (x, norm.weight, norm.bias)
     expected = straightforward(*params)
@@ -229,6 +231,11 @@ def test_batch_norm_equals_gathered_frames_reference(padded, kernels, monkeypatc
         return torch.func.functional_call(norm, {"weight": weight, "bias": bias}, (x, mask))
 
     assert torch.autograd.gradcheck(run, params, eps=1e-6, atol=1e-7, rtol=1e-5)
+    with torch.no_grad():
+        evaluated = norm.eval()(x, mask)
+    scale = norm.weight / torch.sqrt(norm.running_var + norm.eps)
+    y = (x - norm.running_mean) * scale + norm.bias
+    torch.testing.assert_close(evaluated, torch.where(mask[..., None], y, 0.0) if padded else y)
 
 
 def test_batch_norm_float32_kernels_keep_precision_far_from_zero():
@@ -244,6 +251,7 @@ def test_batch_norm_float32_kernels_keep_precision_far_from_zero():
     y = norm(x64.float().requires_grad_(), mask)
     real = x64[mask]
     expected = (x64 - real.mean(0)) / torch.sqrt(real.var(0, unbiased=False) + norm.eps)
+    expected[~mask] = 0.0  # padding
     torch.testing.assert_close(y.double(), expected, atol=2e-3, rtol=0)  # |x| ~ 300: a float32 ulp is 3e-5
     torch.testing.assert_close(norm.running_var.double(), 0.9 + 0.1 * real.var(0), rtol=1e-4, atol=0)
 

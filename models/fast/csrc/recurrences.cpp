@@ -1125,10 +1125,11 @@ std::tuple<Tensor, Tensor, Tensor> lbru_backward(const Tensor& gates, const Tens
 // ---------------------------------------------------------------------------------------------
 // Batch norm of the projections (models/norm.py, whose torch version stays the fallback).
 //
-// Frames x (N, C), statistics over the rows where real (N) is 1 (real empty: every row), every row
-// normalised with them. Autograd's version makes about five passes over x forward and eight
-// backward; here each direction is two: one reading (the column sums), one writing. Threads split
-// the columns for the sums, the rows for the writing pass. Sums are kept per column in double (the
+// Frames x (N, C), statistics over the rows where real (N) is 1 (real empty: every row), the real rows
+// normalised with them and the others (padding) written as 0, so that the layer need not copy the
+// result to zero its padding; padded rows pass no gradient back. Autograd's version makes about five
+// passes over x forward and eight backward; here each direction is two: one reading (the column
+// sums), one writing. Threads split the columns for the sums, the rows for the writing pass. Sums are kept per column in double (the
 // statistics of 10^4-10^5 frames), about a shift (the first real row) so that the variance is a
 // difference of two numbers of the size of the variance, not of the squared mean.
 
@@ -1166,6 +1167,14 @@ void rows_apply(int64_t N, int64_t C, const F& row) {
   });
 }
 
+// Row i of (N, C) as zeros, where row i is padding (real given and 0): true if it was.
+template <typename T>
+bool zero_if_padding(const T* real, int64_t i, int64_t C, T* out) {
+  if (!real || real[i] != T(0)) return false;
+  std::fill(out + i * C, out + (i + 1) * C, T(0));
+  return true;
+}
+
 // Returns (y (N, C), mean (C), biased variance (C)).
 std::tuple<Tensor, Tensor, Tensor> batch_norm_forward(const Tensor& x, const Tensor& real, const Tensor& weight,
                                                       const Tensor& bias, double eps) {
@@ -1196,6 +1205,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_forward(const Tensor& x, const Ten
     }
     scalar_t* yp = y.data_ptr<scalar_t>();
     rows_apply<scalar_t>(N, C, [&](int64_t i) {
+      if (zero_if_padding(rp, i, C, yp)) return;
       vec_for<scalar_t>(C, [&](int64_t j, int64_t k) {
         (load(xp + i * C + j, k) * load(scale.data() + j, k) + load(offset.data() + j, k)).store(yp + i * C + j, k);
       });
@@ -1204,9 +1214,10 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_forward(const Tensor& x, const Ten
   return {y, mean, var};
 }
 
-// Gradient of batch_norm_forward, with scale = w / sqrt(var + eps) and xhat = (x - mean) / sqrt(var + eps):
-// dL/db = sum_i g_i, dL/dw = sum_i g_i xhat_i (every row), and
-// dL/dx_i = scale g_i - real_i (c0 + c1 x_i), c1 = scale dL/dw / (n sqrt(var + eps)), c0 = scale dL/db / n - mean c1.
+// Gradient of batch_norm_forward, with scale = w / sqrt(var + eps) and xhat = (x - mean) / sqrt(var + eps),
+// sums over the real rows (the padded ones are constant 0): dL/db = sum_i g_i, dL/dw = sum_i g_i xhat_i,
+// and for a real row dL/dx_i = scale g_i - (c0 + c1 x_i), c1 = scale dL/dw / (n sqrt(var + eps)),
+// c0 = scale dL/db / n - mean c1; 0 for a padded row.
 // Returns (dL/dx (N, C), dL/dw (C), dL/db (C)).
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& real,
                                                        const Tensor& mean, const Tensor& var, const Tensor& weight,
@@ -1224,7 +1235,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad, const
       for (int64_t i = 0; i < N; ++i) n += rp[i];
     }
     std::vector<double> s1(C, 0.0), s2(C, 0.0);
-    column_sums<scalar_t>(xp, gp, nullptr, mp, N, C, s1.data(), s2.data());  // sum g, sum g (x - mean)
+    column_sums<scalar_t>(xp, gp, rp, mp, N, C, s1.data(), s2.data());  // sum g, sum g (x - mean)
     std::vector<scalar_t> scale(C), c0(C), c1(C);
     scalar_t *gwp = grad_w.data_ptr<scalar_t>(), *gbp = grad_b.data_ptr<scalar_t>();
     for (int64_t c = 0; c < C; ++c) {
@@ -1235,10 +1246,10 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& grad, const
     }
     scalar_t* gxp = grad_x.data_ptr<scalar_t>();
     rows_apply<scalar_t>(N, C, [&](int64_t i) {
-      const Vec<scalar_t> r(rp ? rp[i] : scalar_t(1));
+      if (zero_if_padding(rp, i, C, gxp)) return;
       vec_for<scalar_t>(C, [&](int64_t j, int64_t k) {
         const auto correction = load(c0.data() + j, k) + load(xp + i * C + j, k) * load(c1.data() + j, k);
-        (load(gp + i * C + j, k) * load(scale.data() + j, k) - r * correction).store(gxp + i * C + j, k);
+        (load(gp + i * C + j, k) * load(scale.data() + j, k) - correction).store(gxp + i * C + j, k);
       });
     });
   });
