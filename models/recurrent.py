@@ -379,7 +379,7 @@ class RecurrentLayer(nn.Module):
         parts = len(projs)
         if self.norm is not None:
             projs = [self.norm(p, real, part=(d, parts)) for d, p in enumerate(projs)]
-        if padded and not getattr(self.norm, "zeroes_padding", False):
+        if padded and not getattr(self.norm, "zeroes_padding", False):  # batch norm writes padding as 0 itself
             projs = [zero_padding(p, lengths) for p in projs]  # padding never reaches a recursion
         if D > parts:  # one product for both directions: split it, reverse the backward one's columns
             forward_part, backward_part = projs[0].chunk(2, dim=-1)
