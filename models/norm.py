@@ -59,8 +59,8 @@ class _MaskedBatchNormFunction(torch.autograd.Function):
         var = (ones @ (x - mean).square_()) / n
         inv = torch.rsqrt(var + eps)
         y, scale = _normalise(x, mean, inv, weight, bias)
-        if real is not None:
-            y.mul_(real[:, None])
+        if real is not None:  # a fill, not a product: padding that is not finite still comes out as 0
+            y.masked_fill_(real[:, None] == 0, 0.0)
         ctx.save_for_backward(x, real, mean, inv, scale)
         ctx.n = n
         ctx.mark_non_differentiable(mean, var)
@@ -75,15 +75,16 @@ class _MaskedBatchNormFunction(torch.autograd.Function):
                 grad.contiguous(), x.contiguous(), real, mean, var, weight.contiguous(), ctx.eps)
             return grad_x, None, grad_weight, grad_bias, None
         x, real, mean, inv, scale = ctx.saved_tensors
-        if real is not None:  # the padded outputs are constant 0
-            grad = grad * real[:, None]
+        padding = None if real is None else real[:, None] == 0
+        if padding is not None:  # the padded outputs are constant 0
+            grad = grad.masked_fill(padding, 0.0)
         grad_bias = grad.sum(0)
         grad_weight = inv * ((grad * x).sum(0) - mean * grad_bias)  # sum_j g_j xhat_j
         c1 = scale * inv * grad_weight / ctx.n
         c0 = scale * grad_bias / ctx.n - mean * c1
         grad_x = torch.mul(grad, scale).sub_(torch.addcmul(c0, x, c1))  # c0 + c1 x: what the statistics add
-        if real is not None:
-            grad_x.mul_(real[:, None])
+        if padding is not None:
+            grad_x.masked_fill_(padding, 0.0)
         return grad_x, None, grad_weight, grad_bias, None
 
 
@@ -122,7 +123,7 @@ class MaskedBatchNorm(nn.Module):
             self.weight, self.bias, self.running_mean, self.running_var))
         if not self.training:
             y = _normalise(x, running_mean, torch.rsqrt(running_var + self.eps), weight, bias)[0]
-            return y if mask is None else y.mul_(mask[..., None])
+            return y if mask is None else y.masked_fill_(~mask[..., None], 0.0)
         frames = x.reshape(-1, x.size(-1))  # no copy for contiguous x
         real = None if mask is None else mask.reshape(-1).to(x.dtype)
         y, mean, var = _MaskedBatchNormFunction.apply(frames, real, weight, bias, self.eps)

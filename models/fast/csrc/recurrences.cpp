@@ -1129,9 +1129,10 @@ std::tuple<Tensor, Tensor, Tensor> lbru_backward(const Tensor& gates, const Tens
 // normalised with them and the others (padding) written as 0, so that the layer need not copy the
 // result to zero its padding; padded rows pass no gradient back. Autograd's version makes about five
 // passes over x forward and eight backward; here each direction is two: one reading (the column
-// sums), one writing. Threads split the columns for the sums, the rows for the writing pass. Sums are kept per column in double (the
-// statistics of 10^4-10^5 frames), about a shift (the first real row) so that the variance is a
-// difference of two numbers of the size of the variance, not of the squared mean.
+// sums), one writing. Threads split the columns for the sums, the rows for the writing pass. Sums are
+// kept per column in double (the statistics of 10^4-10^5 frames), about a shift (the first real row)
+// so that the variance is a difference of two numbers of the size of the variance, not of the squared
+// mean.
 
 // Per column of x (N, C) over the rows where real is nonzero (every row for an empty real):
 // s1 = sum (x - shift), s2 = sum (x - shift)^2 (with y given: sum y, sum y (x - shift)).
