@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The CUDA checks, for a machine with a GPU, most important first, each under its own time limit:
-#   1 the fast-path tests with the layers and tensors on the GPU (tests/test_fast_recurrences.py, backend cuda)
+#   1 the fast paths against the reference loops on the GPU, float32 (tests/test_fast_recurrences.py,
+#     backends cuda = the Triton kernels and cuda-torchscript = their fallback)
 #   2 bench/recurrences.py --targets on the GPU: every unit against cuDNN's LSTM, and the whole training step
-#   3 one epoch of cfg/MINI_liGRU.cfg and cfg/MINI_LSTM.cfg, then the main job (cfg/MINI_liBRU.cfg), timed
-#   4 the whole test suite (pytest-xdist if it is installed): the tests that run shipped configs ([exp]
-#     device = auto) train on the GPU, those on the tiny test config (device = cpu) on the CPU
+#   3 the built-in corpus, then the main job (cfg/MINI_liBRU.cfg) on the GPU, timed
+#   4 bench/triton_blocks.py: the kernels' block sizes (what the launcher's defaults rest on)
+#   5 the rest of the fast-path tests on the GPU (float64, gradcheck, memory; pytest-xdist if installed)
 #
 #   bench/cuda_check.sh OUT_DIR        # a log per step in OUT_DIR; a summary on stdout
+# The steps' limits add up to about 8 minutes; STEPS="1 2" runs only those.
 set -uo pipefail
 
 out=${1:?usage: $0 OUT_DIR}
@@ -14,10 +16,12 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.." || exit
 python=$(command -v python3 || command -v python)
+steps=${STEPS:-1 2 3 4 5}
 
-step() {  # step NAME SECONDS COMMAND...: the command's output into OUT_DIR/NAME.log, its tail here
-  local name=$1 limit=$2
-  shift 2
+step() {  # step NUMBER NAME SECONDS COMMAND...: the command's output into OUT_DIR/NAME.log, its tail here
+  local number=$1 name=$2 limit=$3
+  shift 3
+  [[ " $steps " == *" $number "* ]] || return 0
   echo "== $name ($(date +%T), at most ${limit} s): $*"
   local start=$SECONDS
   timeout -s INT -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
@@ -25,22 +29,27 @@ step() {  # step NAME SECONDS COMMAND...: the command's output into OUT_DIR/NAME
   tail -n "${TAIL:-20}" "$out/$name.log"
 }
 
-{ nvidia-smi -L; "$python" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"; nproc; } 2>&1
-step fast_paths 100 "$python" -m pytest -q -p no:cacheprovider tests/test_fast_recurrences.py -k cuda
-TAIL=45 step bench 130 "$python" bench/recurrences.py --targets --repeats 2 --device cuda
-mini() {
-  for cfg in MINI_liGRU MINI_LSTM; do
-    "$python" run_exp.py cfg/$cfg.cfg --exp,n_epochs_tr=1 --stop-stage train --exp,out_folder=exp/cuda_check/$cfg || return
-    grep -h "epoch=001\|model:" exp/cuda_check/$cfg/log.txt
-  done
+{ nvidia-smi -L
+  "$python" -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name(), 'triton', triton.__version__)"
+  nproc; } 2>&1
+xdist=$("$python" -c "import xdist" 2>/dev/null && echo "-n 8")
+# shellcheck disable=SC2086  # $xdist is empty or two words
+TAIL=8 step 1 fast_paths_f32 150 "$python" -m pytest -q -p no:cacheprovider $xdist tests/test_fast_recurrences.py \
+  -k "equals_reference and f32 and cuda"
+TAIL=40 step 2 bench 150 "$python" bench/recurrences.py --targets --repeats 3 --device cuda \
+  --markdown "$out/bench_cuda.md"
+main_job() {
+  "$python" -c "from recipes.mini_timit.corpus import ensure_corpus; ensure_corpus(log=lambda line: None)" || return
   local start=$SECONDS
   "$python" run_exp.py cfg/MINI_liBRU.cfg --exp,out_folder=exp/cuda_check/MINI_liBRU || return
-  echo "main job: $((SECONDS - start)) s"
+  echo "main job, the corpus built: $((SECONDS - start)) s"
   grep -h "epoch=\|PER\|WER" exp/cuda_check/MINI_liBRU/log.txt | tail -n 12
 }
 export python
-export -f mini
-TAIL=30 step mini 180 bash -c mini
-xdist=$("$python" -c "import xdist" 2>/dev/null && echo "-n $(nproc)")
-# shellcheck disable=SC2086  # $xdist is empty or two words
-step suite "${SUITE_SECONDS:-150}" "$python" -m pytest -q -p no:cacheprovider $xdist
+export -f main_job
+TAIL=16 step 3 main_job 150 bash -c main_job
+TAIL=30 step 4 blocks 60 "$python" bench/triton_blocks.py --units libru lstm --block-h 8 16 --block-k 32 64 \
+  --warps 2 4
+# shellcheck disable=SC2086
+TAIL=12 step 5 fast_paths 150 "$python" -m pytest -q -p no:cacheprovider $xdist tests/test_fast_recurrences.py \
+  -k "cuda and not (equals_reference and f32)"

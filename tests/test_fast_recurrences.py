@@ -4,8 +4,10 @@ Outputs, posteriors and the gradients of the input and of every parameter must a
 accelerated unit and option, both directions, ragged lengths with garbage in the padding, float64
 (to 1e-8) and float32 (to 1e-5), relative to the values' scale; each for both time-loop backends,
 the C++ kernels (models/fast/native.py, built here if need be: the tests require them) and the
-TorchScript loops (what runs on a GPU or without a compiler). Where torch sees a GPU, the same tests
-run a third time with everything on it (backend ``cuda``: the TorchScript loops on CUDA tensors).
+TorchScript loops (what runs without a compiler, and on a GPU without Triton). Where torch sees a GPU,
+the same tests run with everything on it, for the Triton kernels (backend ``cuda``) and the TorchScript
+loops (``cuda-torchscript``). ``tests/test_triton_kernels.py`` runs the Triton kernels through Triton's
+interpreter on the CPU.
 """
 
 import pytest
@@ -13,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import models
-from models.fast import native
+from models.fast import native, triton_loops
 from models.recurrent import set_implementation
 from tests.unit_variants import VARIANTS, has_fast_path, make_layer, variant_id
 
@@ -47,20 +49,35 @@ def _assert_close(got, expected, dtype, what):
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance * scale, msg=lambda m: f"{what}: {m}")
 
 
-BACKENDS = ["native", "torchscript"] + (["cuda"] if torch.cuda.is_available() else [])
+BACKENDS = ["native", "torchscript"] + (["cuda", "cuda-torchscript"] if torch.cuda.is_available() else [])
+# (BRU_KALDI_NATIVE, BRU_KALDI_TRITON) of each backend; "triton" (the GPU's kernels through Triton's
+# interpreter) is tests/test_triton_kernels.py's: the interpreter is too slow for every test here
+_SETTINGS = {"native": ("1", "0"), "torchscript": ("0", "0"), "triton": ("0", "interpret"), "cuda": ("auto", "1"),
+             "cuda-torchscript": ("auto", "0")}
 
 
 def device_of(backend: str) -> torch.device:
-    return torch.device("cuda" if backend == "cuda" else "cpu")
+    return torch.device("cuda" if backend.startswith("cuda") else "cpu")
+
+
+def use_backend(name: str, monkeypatch) -> str:
+    """Set the environment of backend ``name`` for one test (see :func:`backend`) and check it is in force."""
+    native_mode, triton_mode = _SETTINGS[name]
+    monkeypatch.setenv("BRU_KALDI_NATIVE", native_mode)
+    monkeypatch.setenv("BRU_KALDI_TRITON", triton_mode)
+    example = torch.zeros(1, device=device_of(name))
+    assert (native.native_ops(example) is not None) == (name == "native")
+    assert (triton_loops.route(example) is not None) == (name in ("triton", "cuda"))
+    return name
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request, monkeypatch):
-    """The time-loop backend of the fast paths: ``BRU_KALDI_NATIVE=1`` (C++, must build) or ``0``;
-    ``cuda`` (only where there is a GPU): the layers and tensors on it, where only TorchScript runs."""
-    monkeypatch.setenv("BRU_KALDI_NATIVE", {"native": "1", "torchscript": "0", "cuda": "auto"}[request.param])
-    assert (native.native_ops(torch.zeros(1, device=device_of(request.param))) is not None) == (request.param == "native")
-    return request.param
+    """The time-loop backend of the fast paths on the CPU: ``native`` (the C++ kernels, which must
+    build) and ``torchscript`` (the TorchScript loops); where torch sees a GPU, with the layers and
+    tensors on it: ``cuda`` (the Triton kernels, compiled, which must build) and ``cuda-torchscript``
+    (the TorchScript loops, their fallback)."""
+    return use_backend(request.param, monkeypatch)
 
 
 def _compare(unit, options, bidirectional, dtype, hidden_size=5, T=11, lengths=(11, 6, 1, 9), device="cpu"):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from models.fast import loops
+from models.fast import loops, triton_loops
 from models.fast.loops import _lbru_backward, _lbru_loop, _scratch
 from models.fast.loops import _script  # noqa: F401  (models.fast.scans takes it from here)
 from models.fast.native import native_ops
@@ -127,6 +127,10 @@ class LBRURecurrence(torch.autograd.Function):
             out, s_out, pre, hidden = ops.lbru_forward(proj, weight.t().contiguous(), bias.contiguous(),
                                                        h0.contiguous(), train, input_gate)
             kept = pre
+        elif (kernels := triton_loops.route(proj)) is not None and (
+                result := triton_loops.lbru_forward(kernels, input_gate, proj, weight.t(), bias, h0, train)) is not None:
+            out, s_out, kept, hidden = result  # (the Triton kernel keeps what the TorchScript loop does)
+            pre = kept
         else:
             out = proj.new_empty(T, B, H)
             s_out = proj.new_empty(T, B, H) if gates == 4 else proj.new_empty(0)
@@ -187,7 +191,10 @@ class LBRURecurrence(torch.autograd.Function):
         M[:-1].mul_(K1[1:]).mul_(E[1:])  # z_t enters n_{t+1}
         M[-1].zero_()
         G = torch.empty_like(K1)
-        g = _lbru_backward(P, M, C, grad_h.contiguous(), weight, du, G)
+        kernels = triton_loops.route(grad_h)
+        g = None if kernels is None else triton_loops.lbru_backward(kernels, P, M, C, grad_h, weight, du, G)
+        if g is None:
+            g = _lbru_backward(P, M, C, grad_h.contiguous(), weight, du, G)
         grad_weight = du.flatten(0, 1).t().mm(h_previous.flatten(0, 1))  # sum_t du_t^T h_{t-1}
         grad_bias = du[..., 2 * H : 3 * H].sum((0, 1))
         torch.mul(G, K1, out=du[..., 2 * H : 3 * H])  # dq: du becomes the gradient of the projections

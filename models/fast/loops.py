@@ -38,6 +38,8 @@ from typing import Optional
 
 import torch
 
+from models.fast import triton_loops
+
 
 def _script(fn):
     """``torch.jit.script`` for the time loops: the TorchScript interpreter launches each small kernel
@@ -184,8 +186,15 @@ def _mgu_loop(proj: torch.Tensor, weight_t: torch.Tensor, h0: torch.Tensor, out:
 
 
 # --------------------------------------------------------------------------- backward loops
+def _gated_backward(K, C, grad_out, weight):
+    """:func:`_gated_backward_loop`, or the same as one Triton kernel (:mod:`models.fast.triton_loops`)."""
+    kernels = triton_loops.route(grad_out)
+    result = None if kernels is None else triton_loops.sequential_backward(kernels, "gated", K, C, grad_out, weight)
+    return result if result is not None else _gated_backward_loop(K, C, grad_out, weight)
+
+
 @_script
-def _gated_backward(K: torch.Tensor, C: Optional[torch.Tensor], grad_out: torch.Tensor, weight: torch.Tensor):
+def _gated_backward_loop(K: torch.Tensor, C: Optional[torch.Tensor], grad_out: torch.Tensor, weight: torch.Tensor):
     """The sequential part of the units whose gate gradients are linear in ``g_t = dL/dh_t``.
 
     With ``g_t`` everything through ``h_{t+1}`` included, the gates get ``da_t = K_t * g_t`` (``K``
@@ -210,13 +219,11 @@ def _gated_backward(K: torch.Tensor, C: Optional[torch.Tensor], grad_out: torch.
     return da, g
 
 
-@_script
-def _lstm_backward(gates: torch.Tensor, cell: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor,
-                   mask: Optional[torch.Tensor]):
+def _lstm_backward(gates, cell, grad_out, weight, mask):
     """With ``dc`` carried from ``t + 1``: ``dc_t = dc + g_t o (1 - tanh^2 c_t)``, the gates
     ``[dc m g i(1-i), dc c_{t-1} f(1-f), dc i m (1-g^2), g_t tanh(c_t) o(1-o)]`` (``m`` the candidate mask,
     1 for ``None``), ``dc <- dc_t f``. Returns ``da`` ``(T, B, 4H)`` and ``dL/dh_0``."""
-    T, B, H = grad_out.size(0), grad_out.size(1), grad_out.size(2)
+    H = grad_out.size(2)
     i, f, gg, o = gates[..., :H], gates[..., H : 2 * H], gates[..., 2 * H : 3 * H], gates[..., 3 * H :]
     tc = torch.tanh(cell)
     c_previous = torch.cat([torch.zeros_like(cell[:1]), cell[:-1]])
@@ -225,6 +232,17 @@ def _lstm_backward(gates: torch.Tensor, cell: torch.Tensor, grad_out: torch.Tens
     if mask is not None:
         candidate, derivative = gg * mask, derivative * mask
     K = torch.cat([candidate * i * (1 - i), c_previous * f * (1 - f), i * derivative, tc * o * (1 - o)], -1)
+    kernels = triton_loops.route(grad_out)
+    result = None if kernels is None else triton_loops.sequential_backward(kernels, "lstm", K, None, grad_out,
+                                                                           weight, A=A, F=f)
+    return result if result is not None else _lstm_backward_loop(K, A, f, grad_out, weight)
+
+
+@_script
+def _lstm_backward_loop(K: torch.Tensor, A: torch.Tensor, f: torch.Tensor, grad_out: torch.Tensor,
+                        weight: torch.Tensor):
+    """The sequential part of :func:`_lstm_backward`."""
+    T, B, H = grad_out.size(0), grad_out.size(1), grad_out.size(2)
     da = torch.empty_like(K)
     K4, da4 = K.view(T, B, 4, H), da.view(T, B, 4, H)
     g = grad_out[T - 1].clone()
@@ -239,18 +257,31 @@ def _lstm_backward(gates: torch.Tensor, cell: torch.Tensor, grad_out: torch.Tens
     return da, g
 
 
-@_script
-def _mgu_backward(gates: torch.Tensor, out: torch.Tensor, h0: torch.Tensor, grad_out: torch.Tensor,
-                  weight: torch.Tensor):
+def _mgu_backward(gates, out, h0, grad_out, weight):
     """``da_h = g f (1 - h~^2)``, ``ds = da_h @ U_h`` (the gradient of ``s = f h_{t-1}``), ``da_f = (g (h~ - h_{t-1})
     + ds h_{t-1}) f (1 - f)``, ``g_{t-1} = grad_out_{t-1} + g (1 - f) + ds f + da_f @ U_f``.
     Returns ``da`` ``(T, B, 2H)`` and ``dL/dh_0``."""
-    T, H = grad_out.size(0), grad_out.size(2)
+    H = grad_out.size(2)
     f, c = gates[..., :H], gates[..., H:]
     h_previous = torch.cat([h0.unsqueeze(0), out[:-1]])
     df = f * (1 - f)
-    K_h, K_f, K_s, C = f * (1 - c * c), (c - h_previous) * df, h_previous * df, 1 - f
-    da = torch.empty_like(gates)
+    K = torch.cat([(c - h_previous) * df, f * (1 - c * c), h_previous * df], -1)  # [K_f, K_h, K_s]
+    C = 1 - f
+    kernels = triton_loops.route(grad_out)
+    result = None if kernels is None else triton_loops.sequential_backward(kernels, "mgu", K, C, grad_out, weight,
+                                                                           F=f)
+    if result is not None:
+        return result[0][..., : 2 * H], result[1]
+    return _mgu_backward_loop(K, C, f, grad_out, weight)
+
+
+@_script
+def _mgu_backward_loop(K: torch.Tensor, C: torch.Tensor, f: torch.Tensor, grad_out: torch.Tensor,
+                       weight: torch.Tensor):
+    """The sequential part of :func:`_mgu_backward`, ``K = [K_f, K_h, K_s]``."""
+    T, H = grad_out.size(0), grad_out.size(2)
+    K_f, K_h, K_s = K[..., :H], K[..., H : 2 * H], K[..., 2 * H :]
+    da = torch.empty(T, grad_out.size(1), 2 * H, dtype=K.dtype, device=K.device)
     g = grad_out[T - 1].clone()
     for t in range(T - 1, -1, -1):
         dh = torch.mul(K_h[t], g, out=da[t, :, H:])
@@ -393,6 +424,11 @@ def gated_forward(kind: str, proj, weight_t, bias, h0, train: bool, mask=None):
     of a unit of ``MASKED``, or ``None``."""
     if mask is not None and kind not in MASKED:
         raise ValueError(f"unit {kind} has no candidate to mask (inner dropout: {', '.join(MASKED)})")
+    kernels = triton_loops.route(proj)
+    if kernels is not None:
+        result = triton_loops.gated_forward(kernels, kind, proj, weight_t, bias, h0, train, mask)
+        if result is not None:
+            return result
     out = proj.new_empty(proj.size(0), proj.size(1), h0.size(1))
     return out, _GATED[kind][0](proj, weight_t, bias, h0, out, train, mask)
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 import torch
 
 from models.fast.gated import GatedRecurrence, LBRURecurrence
-from models.fast.scans import KalmanSmoother, LinearRecurrence, MatrixRecurrence, SoftplusRecurrence
-from models.fast.native import native_ops
+from models.fast.scans import KalmanSmoother, LinearRecurrence, MatrixRecurrence, SoftplusRecurrence, scan_ops
 from models.recurrent import log_sigmoid_pair
 
 # unit -> the options with a fast path; anything else runs the reference loop.
@@ -88,7 +87,7 @@ def ubru(cell, a: torch.Tensor, lengths: torch.Tensor):
     if cell.backward == "hmm":
         c_back, j = _hmm_inputs(cell, at, log_not_t11 - log_not_t01, lengths)
         r0 = torch.full_like(x0, _NO_FUTURE)
-        if native_ops(at) is not None:  # one C++ call each way, threads split by unit
+        if scan_ops(at) is not None:  # one kernel call each way (C++: threads split by unit)
             x = SoftplusRecurrence.apply(c, k, x0)
             r = SoftplusRecurrence.apply(c_back, j, r0, True)
         else:
@@ -104,7 +103,7 @@ def ubru(cell, a: torch.Tensor, lengths: torch.Tensor):
     if cell.backward is None:
         alpha = torch.sigmoid(x).transpose(0, 1)
         return alpha, alpha
-    if native_ops(x) is not None:
+    if scan_ops(x) is not None:
         gamma = KalmanSmoother.apply(x, k, lengths - 1)
     else:
         gamma = _kalman(x, k, _at_end(lengths, T))

@@ -31,8 +31,18 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from models.fast import triton_loops
 from models.fast.gated import _script
 from models.fast.native import native_ops
+
+
+def scan_ops(example: torch.Tensor):
+    """The kernels of the elementwise recursions for tensors like ``example``: the C++ kernels on the CPU
+    (:mod:`models.fast.native`), the Triton kernels on a GPU (:class:`models.fast.triton_loops.ScanOps`, the
+    same signatures), or ``None`` (the TorchScript loops below)."""
+    ops = native_ops(example)
+    return ops if ops is not None else triton_loops.scan_ops(example)
+
 
 @_script
 def _softplus_loop(c: torch.Tensor, k: torch.Tensor, x0: torch.Tensor, out: torch.Tensor):
@@ -55,10 +65,9 @@ class SoftplusRecurrence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, c, k, x0, reverse=False):
-        ops = native_ops(c)
-        if ops is not None:
-            out = ops.softplus_scan(c.contiguous(), k.contiguous(), x0.contiguous(), reverse)
-        else:
+        ops = scan_ops(c)
+        out = None if ops is None else ops.softplus_scan(c.contiguous(), k.contiguous(), x0.contiguous(), reverse)
+        if out is None:
             flip = (lambda v: v.flip(0)) if reverse else (lambda v: v)
             out = flip(_softplus_loop(flip(c), k, x0, torch.empty_like(c)))
         ctx.reverse = reverse
@@ -70,10 +79,11 @@ class SoftplusRecurrence(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         k, x0, out = ctx.saved_tensors
-        ops = native_ops(out)
-        if ops is not None:
-            G, grad_k, grad_x0 = ops.softplus_scan_backward(grad_out.contiguous(), k.contiguous(), x0.contiguous(),
-                                                            out, ctx.reverse)
+        ops = scan_ops(out)
+        result = None if ops is None else ops.softplus_scan_backward(grad_out.contiguous(), k.contiguous(),
+                                                                     x0.contiguous(), out, ctx.reverse)
+        if result is not None:
+            G, grad_k, grad_x0 = result
             return G, grad_k.sum(1), grad_x0, None
         flip = (lambda v: v.flip(0)) if ctx.reverse else (lambda v: v)
         out, grad_out = flip(out), flip(grad_out)
@@ -182,7 +192,7 @@ class LinearRecurrence(torch.autograd.Function):
 
 
 class KalmanSmoother(torch.autograd.Function):
-    """The UBRU Kalman backward pass in one C++ call each way (CPU): ``gamma_t = (S_0 - S_1) gamma_{t+1} + S_1``
+    """The UBRU Kalman backward pass in one kernel call each way (:func:`scan_ops`: C++ or Triton): ``gamma_t = (S_0 - S_1) gamma_{t+1} + S_1``
     with ``S_j = sigma(x_t + k_j)``, and ``gamma_t = sigma(x_t)`` from each sequence's last frame on.
 
     Shapes: ``x`` ``(T, B, H)`` (logit alpha), ``k`` ``(2, H)``, ``last`` ``(B,)`` int64 -> ``(T, B, H)``. The same
@@ -192,7 +202,7 @@ class KalmanSmoother(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, k, last):
-        ops = native_ops(x)
+        ops = scan_ops(x)
         x, k, last = x.contiguous(), k.contiguous(), last.contiguous()
         gamma = ops.kalman_smoother(x, k, last)
         ctx.save_for_backward(x, k, last, gamma)
@@ -202,7 +212,7 @@ class KalmanSmoother(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         x, k, last, gamma = ctx.saved_tensors
-        grad_x, grad_k = native_ops(x).kalman_smoother_backward(grad.contiguous(), x, k, last, gamma)
+        grad_x, grad_k = scan_ops(x).kalman_smoother_backward(grad.contiguous(), x, k, last, gamma)
         return grad_x, grad_k.sum(1), None
 
 
