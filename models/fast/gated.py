@@ -11,12 +11,13 @@ Autograd on the reference loop (``Cell.forward``) records every small step; here
   frames at once,
 * the weight gradient is one ``(G*H, B*T) @ (B*T, H)`` product.
 
-Two backends run the loops (:mod:`models.fast.native`): on the CPU the C++ kernels of
-``models/fast/csrc/recurrences.cpp``, where the threads split the hidden units for the whole loop (each
+Three backends run the loops: on the CPU the C++ kernels of ``models/fast/csrc/recurrences.cpp``
+(:mod:`models.fast.native`), where the threads split the hidden units for the whole loop (each
 multiplies by its own columns of every gate and runs the elementwise step of its own units, one
-barrier a step), and the backward loop forms the gate derivatives from what the forward pass kept; and
-the TorchScript loops of :mod:`models.fast.loops`, a handful of ``out=`` kernels a step, for CUDA
-tensors and wherever the extension cannot be built. Both are tested against the reference loop.
+barrier a step), and the backward loop forms the gate derivatives from what the forward pass kept; on
+a GPU the Triton kernels (:mod:`models.fast.triton_loops`), one launch a pass, the programs splitting
+the units in the same way; and the TorchScript loops of :mod:`models.fast.loops`, a handful of ``out=``
+kernels a step, wherever neither can run. All are tested against the reference loop.
 
 Layout inside this module is time-major, ``(T, B, G*H)``, so that each step reads contiguous memory.
 The forward recursions never look at ``lengths``: like the reference loop they run over padded frames
@@ -123,14 +124,16 @@ class LBRURecurrence(torch.autograd.Function):
         train = _needs_grad(ctx)
         ops = native_ops(proj)
         ctx.native = ops is not None
+        kernels = None if ctx.native else triton_loops.route(proj)
+        result = None if kernels is None else triton_loops.lbru_forward(kernels, input_gate, proj, weight.t(), bias,
+                                                                        h0, train)
         if ctx.native:  # the gate values [z, r, n(, s)], or [z, n(, s)] without the input gate
             out, s_out, pre, hidden = ops.lbru_forward(proj, weight.t().contiguous(), bias.contiguous(),
                                                        h0.contiguous(), train, input_gate)
             kept = pre
-        elif (kernels := triton_loops.route(proj)) is not None and (
-                result := triton_loops.lbru_forward(kernels, input_gate, proj, weight.t(), bias, h0, train)) is not None:
-            out, s_out, kept, hidden = result  # (the Triton kernel keeps what the TorchScript loop does)
-            pre = kept
+        elif result is not None:  # the Triton kernel, which keeps what the TorchScript loop keeps
+            out, s_out, pre, hidden = result
+            kept = pre
         else:
             out = proj.new_empty(T, B, H)
             s_out = proj.new_empty(T, B, H) if gates == 4 else proj.new_empty(0)

@@ -1,5 +1,5 @@
 """TorchScript time loops of the cells with a recurrent matrix: the backend of
-:mod:`models.fast.gated` on CUDA and wherever the C++ kernels cannot be built.
+:mod:`models.fast.gated` wherever neither the C++ kernels (CPU) nor the Triton kernels (GPU) can run.
 
 Each loop is a handful of ``out=`` kernels a step into buffers allocated once, so that without
 gradients nothing is allocated per step; their backward loops do per step only what is sequential
@@ -27,6 +27,12 @@ The units with a candidate (``MASKED``: Li-GRU, GRU, LSTM, RNN) take an optional
 ``(B, H)``, pytorch-kaldi's inner dropout (``models.gated.InnerDropout``): their loops multiply the
 candidate by it at every step and keep the candidate undropped, their backward passes multiply the
 candidate's derivative by it. ``None`` leaves every loop as it is without one.
+
+Where a tensor is on a GPU with Triton (:mod:`models.fast.triton_loops`), :func:`gated_forward` and the
+sequential parts of the backward passes (``_gated_backward``, ``_lstm_backward``, ``_mgu_backward``) hand
+their loop to one Triton kernel, which keeps exactly what the loop here keeps: the glue that forms the
+gate derivatives before a backward loop is shared. Every loop is in this one module, each beside its
+backward pass, as the C++ kernels have them (it runs past 450 lines for that reason).
 
 Layout: time-major, ``proj`` ``(T, B, G*H)``, ``weight_t`` ``(H, G*H)``, ``h0`` ``(B, H)``.
 """

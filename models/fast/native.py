@@ -3,8 +3,8 @@
 The fast paths in :mod:`models.fast.gated` and :mod:`models.fast.scans` run their time loops either
 here, one fused pass per step (or per sequence, for the elementwise recursions), or as TorchScript
 loops of small ATen kernels. The C++ ops are used for CPU tensors of float32 and float64; the
-TorchScript loops run everything else (CUDA) and are the fallback where the extension cannot be
-built. Both are tested against the reference loop of every unit.
+Triton kernels (:mod:`models.fast.triton_loops`) run CUDA tensors, and the TorchScript loops are the
+fallback where neither can run. Both are tested against the reference loop of every unit.
 
 The first use compiles the extension with the machine's C++ compiler (about 15 s on 2 cores) into
 torch's extension cache (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), in a

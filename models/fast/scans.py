@@ -17,10 +17,12 @@ On the CPU the nonlinear forms run in the C++ kernels (:mod:`models.fast.native`
 time loop inside, the threads splitting the units (every unit's recursion is independent). They are
 associative scans (the UBRU forward step is linear in the unnormalised 2-vector of state
 probabilities, a product of 2x2 matrices), but on a CPU a sequential loop over time that is
-vectorised across ``B*H`` units does the least arithmetic, so that is what the kernels do. Elsewhere
-(CUDA, no compiler) they run as TorchScript loops: the nonlinear form four kernels a step, the
-linear form as a two-level (chunked) scan, ``~2 sqrt(T)`` small steps instead of ``T``
-(:func:`_chunked`), since there the cost is the launches.
+vectorised across ``B*H`` units does the least arithmetic, so that is what the kernels do. On a GPU
+the Triton kernels (:class:`models.fast.triton_loops.ScanOps`, the same signatures) do the same, a
+block of units per program with the time loop inside. Elsewhere (no compiler, no Triton) they run as
+TorchScript loops: the nonlinear form four kernels a step, the linear form as a two-level (chunked)
+scan, ``~2 sqrt(T)`` small steps instead of ``T`` (:func:`_chunked`), since there the cost is the
+launches; the layer-wise smoothing (:class:`MatrixRecurrence`) runs so on a GPU too.
 
 Layout: time-major ``(T, B, H)``. Padding is the caller's job: a frame where a backward recursion
 restarts gets ``A_t = 0``.
