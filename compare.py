@@ -3,7 +3,7 @@
 
 Usage: python compare.py sweep CFG... [--seeds 1,2,3] [--out DIR] [--baseline NAME] [--jobs N] [--section,option=value ...]
        python compare.py table EXP_DIR_OR_GLOB... [--baseline NAME] [--set test] [--csv F] [--markdown F]
-                               [--plots DIR] [--pairs A:B,...] [--pending-ok] [--section NAME]
+                               [--plots DIR] [--pairs A:B,...] [--claims F] [--pending-ok] [--section NAME]
        python compare.py archive EXP_DIR DEST
  e.g.: python compare.py sweep cfg/MINI_liBRU.cfg cfg/MINI_liGRU.cfg --seeds 1,2,3 --baseline MINI_liGRU
        python compare.py table exp/compare --baseline MINI_liGRU --markdown RESULTS.table.md --plots exp/compare/plots
@@ -15,10 +15,18 @@ sweep  runs every (config, seed) through run_exp.py into OUT/<config>/seed<N> (d
 table  groups experiment folders by config (everything but [exp] seed and out_folder), and prints per
        config: units, parameters, epochs, training time, frames/s, dev and test error per seed and as
        mean ± sd, a 95 % interval over utterances and seeds, and against --baseline the probability of
-       improvement (paired bootstrap, as Kaldi's compute-wer-bootci), the matched-pairs test (MAPSSWE
-       over utterances) and the sign test (bru_kaldi/comparison/statistics.py says exactly how).
-       --pairs A:B,C:D tests chosen pairs in a second table (A against B...); --section NAME puts the
-       tables into the marked section of the --markdown file, with the date, machine and command.
+       improvement (paired bootstrap over utterances and seeds, as Kaldi's compute-wer-bootci with the
+       seeds drawn too), the run-level test (the training run as the unit: the seeds' variance and the
+       test set's), and the utterance-only tests (MAPSSWE matched pairs, sign test), which cannot see
+       how much another training run would differ (bru_kaldi/comparison/statistics.py says exactly how).
+       --pairs A:B,C:D tests chosen pairs in a second table (A against B...) with a verdict from the
+       run-level test alone: better, worse, or not resolved with the seeds run (one seed: never
+       resolved), the difference the design resolves with 80 % power and the seeds per system that
+       would resolve the observed one; --claims F (tab-separated: claim, the paper's numbers, expects
+       better / not worse / worse / not better, SYSTEM:AGAINST) adds each claim's pair and a third table
+       whose verdict, agrees / disagrees / not resolved, is the run-level reading of that pair; --section
+       NAME puts the tables into the marked section of the --markdown file, with the date, machine and
+       command.
 archive  copies what `table` reads of each finished run under EXP_DIR (config, res.res, logs, errors per
        utterance, the parameter count; no weights: about 17 kB a run) to DEST/<path below EXP_DIR>, so
        that a study's runs can be committed: `table DEST` gives the same table, and a sweep whose --out
@@ -76,23 +84,26 @@ def provenance(systems, command: str) -> str:
 
 
 def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plots=None,
-          replications=REPLICATIONS, pairs=(), section=None, command="compare.py table", missing_ok=False) -> str:
+          replications=REPLICATIONS, pairs=(), section=None, command="compare.py table", missing_ok=False,
+          claims=()) -> str:
     """The comparison table of the experiment folders matching ``patterns``; writes the files asked for.
 
-    ``pairs``: ``(system, against)`` names, tested pair by pair in a second table. ``section``: with
+    ``pairs``: ``(system, against)`` names, tested pair by pair in a second table. ``claims``
+    (``report.Claim``): a third table, each claim's pair (added to ``pairs``) and verdict. ``section``: with
     ``markdown``, the tables replace the block between ``<!-- compare.py SECTION -->`` and
     ``<!-- /compare.py SECTION -->`` of that file, under a line saying when, where and how they were made.
     """
     systems = group(find_runs(patterns))
     sets = ["dev", test_set] if test_set != "dev" else ["dev"]
     rows = report.rows(systems, sets, baseline, test_set, replications)
+    pairs = list(dict.fromkeys(list(pairs) + [(c.system, c.against) for c in claims]))
     named = report.pairs(systems, pairs, test_set, replications, missing_ok) if pairs else []
+    tested = ("\n\n" + report.pairs_markdown(named, test_set) if named else "") + (
+        "\n\n" + report.claims_markdown(claims, named) if claims else "")
     if csv:
         write_text_atomically(csv, report.csv_text(rows, test_set, sets))
     if markdown:
-        body = report.markdown(rows, test_set, sets)
-        if named:
-            body += "\n\n" + report.pairs_markdown(named, test_set)
+        body = report.markdown(rows, test_set, sets) + tested
         if section:
             body = report.splice(Path(markdown).read_text(), section, provenance(systems, command) + "\n\n" + body)
         write_text_atomically(markdown, body + ("" if section else "\n"))
@@ -100,8 +111,7 @@ def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plo
         from bru_kaldi.comparison.figures import plot
 
         plot(systems, rows, test_set, plots)
-    shown = report.text(rows, test_set, sets)
-    return shown + ("\n\n" + report.pairs_markdown(named, test_set) if named else "")
+    return report.text(rows, test_set, sets) + tested
 
 
 def archive(source, destination) -> list[Path]:
@@ -132,6 +142,8 @@ def parse_arguments(argv):
     shown.add_argument("--plots", type=Path)
     shown.add_argument("--replications", type=int, default=REPLICATIONS)
     shown.add_argument("--pairs", default="", help="SYSTEM:AGAINST,...: each pair tested in a second table")
+    shown.add_argument("--claims", type=Path, help="a file of claims (claim, paper, expects, SYSTEM:AGAINST, "
+                                                    "tab-separated): their pairs and verdicts in a third table")
     shown.add_argument("--pending-ok", action="store_true", help="a pair naming a system with no runs yet is "
                                                                   "shown as pending (a study under way), not an error")
     shown.add_argument("--section", help="with --markdown F: replace that section of F (between "
@@ -156,7 +168,8 @@ def main(argv=None) -> int:
                 raise ConfigError("--section needs --markdown FILE (the file whose section is replaced)")
             print(table(args.folders, args.baseline, args.test_set, args.csv, args.markdown, args.plots,
                         args.replications, parse_pairs(args.pairs), args.section,
-                        "python compare.py " + " ".join(sys.argv[1:] if argv is None else argv), args.pending_ok))
+                        "python compare.py " + " ".join(sys.argv[1:] if argv is None else argv), args.pending_ok,
+                        report.read_claims(args.claims) if args.claims else ()))
             return 0
         if args.verb == "archive":
             copied = archive(args.source, args.destination)

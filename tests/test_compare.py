@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 import compare
 from bru_kaldi.comparison import report, statistics
@@ -77,6 +78,67 @@ def test_sign_test_by_hand():
     assert test.p_value == pytest.approx(2 * (1 + 10 + 45) / 1024)
     # several seeds: the per-utterance errors are averaged first
     assert statistics.sign_test([[1, 0], [1, 2]], [[0, 1], [0, 1]]).wins == 1
+
+
+def test_run_level_test_when_the_seeds_disagree():
+    """Every utterance says B is better (the utterance-only tests at p ~ 0), but B's seeds range over A's:
+    A's seeds have error rates 0.2, 0.4, 0.3 and B's 0.4, 0.1, 0.2 on every utterance alike. With no
+    variation between utterances the run-level test is Welch's t on the per-seed rates."""
+    lengths = np.full(20, 10)
+    a = np.array([[2] * 20, [4] * 20, [3] * 20])
+    b = np.array([[4] * 20, [1] * 20, [2] * 20])
+    assert statistics.matched_pairs(a, b).p_value < 1e-6 and statistics.sign_test(a, b).p_value < 1e-5
+    test = statistics.run_level(a, b, lengths)
+    # by hand: D = 0.7/3 - 0.3, the rates' variances over seeds 0.01 and 0.07/3, each over 3 seeds;
+    # df = SE^4 / sum((v / S)^2 / (S - 1))
+    v_a, v_b = 0.01 / 3, 0.07 / 9
+    assert test.difference == pytest.approx(-0.2 / 3)
+    assert (test.seed_variance, test.utterance_variance) == (pytest.approx(v_a + v_b), pytest.approx(0, abs=1e-20))
+    assert test.df == pytest.approx((v_a + v_b) ** 2 / (v_a ** 2 / 2 + v_b ** 2 / 2))
+    welch = scipy_stats.ttest_ind(b.sum(1) / 200, a.sum(1) / 200, equal_var=False)
+    assert (test.statistic, test.p_value) == (pytest.approx(welch.statistic), pytest.approx(welch.pvalue))
+    assert test.p_value == pytest.approx(0.567, abs=0.002)
+    assert test.reading() == "not resolved with 3 / 3 seeds"
+
+    def detectable(n):  # with n seeds each, the variances as observed: (t_.975 + t_.8) SE at the Welch df
+        parts = [v_a * 3 / n, v_b * 3 / n]
+        df = sum(parts) ** 2 / sum(v * v / (n - 1) for v in parts)
+        return (scipy_stats.t.ppf(0.975, df) + scipy_stats.t.ppf(0.8, df)) * math.sqrt(sum(parts))
+
+    assert test.resolvable == pytest.approx(detectable(3))
+    assert detectable(60) > 0.2 / 3 >= detectable(61) and test.seeds_needed == 61
+
+
+def test_run_level_test_when_every_seed_agrees():
+    """A's seeds 0.300 / 0.325 / 0.275, B's 0.150 / 0.150 / 0.175 on four utterances of 10 tokens: the test
+    set's variance joins the seeds' (hand-computed below), and B is better at 5 %."""
+    lengths = np.full(4, 10)
+    a = np.array([[3, 3, 3, 3], [4, 3, 3, 3], [3, 3, 3, 2]])
+    b = np.array([[2, 1, 2, 1], [2, 2, 1, 1], [1, 2, 2, 2]])
+    test = statistics.run_level(a, b, lengths)
+    v_a, v_b = 0.000625 / 3, 0.000625 / 3 / 3  # per-seed rate variances over 3 seeds
+    # seed-averaged differences d = [-5/3, -4/3, -4/3, -4/3], var 1/36; the rate's: N var(d) / L^2
+    v_u = 4 * (1 / 36) / 40 ** 2
+    se = math.sqrt(v_a + v_b + v_u)
+    df = se ** 4 / (v_a ** 2 / 2 + v_b ** 2 / 2 + v_u ** 2 / 3)
+    assert test.difference == pytest.approx(0.475 / 3 - 0.3)
+    assert (test.utterance_variance, test.standard_error, test.df) == (pytest.approx(v_u), pytest.approx(se),
+                                                                       pytest.approx(df))
+    assert test.statistic == pytest.approx((0.475 / 3 - 0.3) / se) and test.statistic == pytest.approx(-7.60, abs=0.01)
+    assert test.p_value == pytest.approx(2 * scipy_stats.t.sf(7.6026, df), rel=1e-3)  # two-sided
+    assert test.p_value < 0.002 and test.reading() == "better (p < 0.05)"
+    assert statistics.run_level(b, a, lengths).reading() == "worse (p < 0.05)"
+    assert statistics.run_level(b, a, lengths).p_value == pytest.approx(test.p_value)
+    half = scipy_stats.t.ppf(0.975, df) * se
+    assert (test.low, test.high) == (pytest.approx(test.difference - half), pytest.approx(test.difference + half))
+    assert test.resolvable == pytest.approx((scipy_stats.t.ppf(0.975, df) + scipy_stats.t.ppf(0.8, df)) * se)
+    assert test.seeds_needed == 2
+    assert statistics.run_level(a, a, lengths).reading() == "not resolved with 3 / 3 seeds"
+
+
+def test_one_seed_has_no_run_level_test():
+    assert statistics.run_level([[1, 2]], [[0, 0], [0, 1]], [5, 5]) is None
+    assert statistics.run_level([[1, 2], [2, 2]], [[0, 0], [0, 1]], [5, 5]) is not None
 
 
 # --------------------------------------------------------------------------- the table, from folders
@@ -157,8 +219,15 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert "| MINI_B | MINI_A | 2 / 2 | 21.50 | 31.50 | -10.00 |" in report.pairs_markdown([b_vs_a], "test")
     assert (b_vs_a.reading(), c_vs_b.reading()) == ("better (p < 0.05)", "worse (p < 0.05)")
     (a_vs_c,) = report.pairs(systems, [("MINI_A", "MINI_C")], "test", replications=400)  # errors drawn alike
-    assert a_vs_c.versus["matched_pairs_p"] > 0.05 and a_vs_c.reading() == "no significant difference"
-    assert report.pairs_markdown([b_vs_a], "test").endswith(" | better (p < 0.05) |")
+    assert a_vs_c.versus["matched_pairs_p"] > 0.05 and a_vs_c.reading() == "not resolved with 2 / 2 seeds"
+    row = report.pairs_markdown([b_vs_a], "test").splitlines()[-1].split(" | ")
+    assert row[8:12] == [f"{b_vs_a.versus['run_level'].p_value:.3g}", f"{b_vs_a.versus['matched_pairs_p']:.3g}",
+                         f"{b_vs_a.versus['sign_p']:.3g}", "better (p < 0.05)"]
+    one_seed = report.pairs(group(find_runs([str(tmp_path / "runs" / "*" / "seed1")])), [("MINI_B", "MINI_A")], "test",
+                            replications=400)[0]
+    assert one_seed.versus["matched_pairs_p"] < 0.05  # the utterances alone would call it, the runs cannot
+    assert one_seed.reading() == "not resolved: one seed, run-to-run variance unknown"
+    assert "| one seed | " in report.pairs_markdown([one_seed], "test")
     with pytest.raises(ValueError, match="no system MINI_D"):
         report.pairs(systems, [("MINI_D", "MINI_A")], "test")
     (not_started,) = report.pairs(systems, [("MINI_D", "MINI_A")], "test", missing_ok=True)  # a study under way
@@ -168,7 +237,8 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     (unfinished / "res.res").write_text("".join((unfinished / "res.res").read_text().splitlines(True)[:2]))
     (pending,) = report.pairs(group(find_runs([str(tmp_path / "runs" / "*"), str(unfinished)])),
                               [("MINI_D", "MINI_A")], "test")
-    assert "| MINI_D | MINI_A | 0 / 2 | - | 31.50 | | no finished run of both yet | | | |" in report.pairs_markdown([pending], "test")
+    assert "| MINI_D | MINI_A | 0 / 2 | - | 31.50 | | no finished run of both yet |" + " |" * 7 in \
+        report.pairs_markdown([pending], "test")
 
     page = tmp_path / "RESULTS.md"
     page.write_text("# Results\nabove\n<!-- compare.py study -->\nstale table\n<!-- /compare.py study -->\nbelow\n")
@@ -185,6 +255,42 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert compare.main(["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study"]) == 1
     assert page.read_text() == "no markers here\n"
     assert compare.main(["table", str(tmp_path / "runs"), "--pairs", "MINI_B"]) == 1
+
+
+def test_claims_take_their_verdicts_from_the_run_level_reading(tmp_path):
+    rng = np.random.default_rng(1)
+    for seed in (1, 2):
+        fake_run(tmp_path / "runs" / "A" / f"seed{seed}", "MINI_A", "ligru", seed, list(rng.integers(2, 5, 30)), 31, 30 + seed)
+        fake_run(tmp_path / "runs" / "B" / f"seed{seed}", "MINI_B", "libru", seed, list(rng.integers(0, 3, 30)), 21, 20 + seed)
+        fake_run(tmp_path / "runs" / "C" / f"seed{seed}", "MINI_C", "lstm", seed, list(rng.integers(2, 5, 30)), 31, 32)
+    fake_run(tmp_path / "runs" / "D" / "seed1", "MINI_D", "gru", 1, [0] * 30, 5, 5)
+    claims = tmp_path / "claims.tsv"
+    claims.write_text("claim\tpaper\texpects\tpair\n# a comment\n"
+                      "B beats A\t1 % better\tbetter\tMINI_B:MINI_A\n"
+                      "A beats B\t2 % better\tbetter\tMINI_A:MINI_B\n"
+                      "A is no worse than C\tequal\tnot worse\tMINI_A:MINI_C\n"
+                      "D beats A\tfar better\tbetter\tMINI_D:MINI_A\n")
+    assert compare.main(["table", str(tmp_path / "runs"), "--claims", str(claims), "--replications", "200",
+                         "--markdown", str(tmp_path / "out.md")]) == 0
+    rows = [line for line in (tmp_path / "out.md").read_text().splitlines() if line.startswith("| ") and " beats " in
+            line or "no worse" in line]
+    verdicts = [row.rstrip(" |").rsplit(" | ", 1)[1] for row in rows]
+    assert verdicts == ["**agrees**", "**disagrees**", "not resolved with 2 / 2 seeds",
+                        "not resolved: one seed, run-to-run variance unknown"], rows
+    assert "| B beats A | 1 % better | `MINI_B : MINI_A` | -10.00 (" in rows[0]
+    claims.write_text("claim\tpaper\texpects\tpair\nB beats A\t1 %\tfaster\tMINI_B:MINI_A\n")
+    with pytest.raises(ValueError, match=r"claims.tsv:2: expected 4 tab-separated fields.*got 'B beats A"):
+        report.read_claims(claims)
+    assert compare.main(["table", str(tmp_path / "runs"), "--claims", str(claims)]) == 1
+
+
+def test_the_archived_study_reads_as_its_runs_allow():
+    """The 3-seed study: the utterance-only tests call the first two pairs, the runs cannot; the third
+    difference is larger than the seeds' spread."""
+    systems = group(find_runs([str(ROOT / "results" / "study_runs" / "phones")]))
+    wanted = [("MINI_liBRU", "MINI_liGRU"), ("MINI_LBRU", "MINI_GRU_bi"), ("MINI_UBRU_kalman", "MINI_UBRU_bi")]
+    readings = [p.reading() for p in report.pairs(systems, wanted, "test", replications=100)]
+    assert readings == ["not resolved with 3 / 3 seeds", "not resolved with 3 / 3 seeds", "worse (p < 0.05)"]
 
 
 def test_archived_runs_give_the_same_table_and_count_as_finished(tmp_path):
@@ -255,8 +361,8 @@ def test_a_sweep_on_the_tiny_corpus_is_killed_and_resumes(tiny_corpus, tmp_path)
     assert re.search(r"\[4/4\] tiny_liGRU seed 2: done in \d+ s", again.stdout)
     lines = {line.split()[0]: line for line in again.stdout.splitlines() if line.startswith("tiny_")}
     assert set(lines) == {"tiny_liBRU", "tiny_liGRU"}
-    # the Li-GRU row has both seeds, an interval and the tests against the Li-BRU baseline
-    assert re.search(r"\d+\.\d\d / \d+\.\d\d .* \d+\.\d\d-\d+\.\d\d +\d\.\d{3} +\S+ +\S+$", lines["tiny_liGRU"]), lines
+    # the Li-GRU row has both seeds, an interval and the four tests against the Li-BRU baseline
+    assert re.search(r"\d+\.\d\d / \d+\.\d\d .* \d+\.\d\d-\d+\.\d\d +\d\.\d{3} +\S+ +\S+ +\S+$", lines["tiny_liGRU"]), lines
 
 
 def test_a_sweep_runs_jobs_at_a_time_seed_by_seed_and_reports_a_failure(tmp_path, monkeypatch):

@@ -1,12 +1,13 @@
 """The comparison table: one row per system, its seeds' errors, their mean and spread, a 95 % interval,
-and matched-pair tests against a baseline system, as text, Markdown or CSV.
+and the tests against a baseline system (the run-level test, then the utterance-only ones), as text,
+Markdown or CSV; and the table of named pairs, whose verdicts come from the run-level test alone.
 
 >>> row = Row("MINI_liBRU", "libru 2x256 uni", 540000, 8.0, 170.0, 17000.0, {"test": [30.1, 31.7]},
 ...           {"test": (30.9, 29.2, 32.6)}, {})
 >>> print(markdown([row], "test"))  # doctest: +NORMALIZE_WHITESPACE
-| system | units | parameters | epochs | training | frames/s | test per seed | test mean ± sd | test 95 % interval | P(better than baseline) | matched pairs p | sign test p |
-| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |
-| MINI_liBRU | libru 2x256 uni | 0.54M | 8 | 2.8 min | 17000 | 30.10 / 31.70 | 30.90 ± 1.13 | 29.20-32.60 | | | |
+| system | units | parameters | epochs | training | frames/s | test per seed | test mean ± sd | test 95 % interval | P(better than baseline) | run-level p | utterance-only p (matched pairs) | utterance-only p (sign test) |
+| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |
+| MINI_liBRU | libru 2x256 uni | 0.54M | 8 | 2.8 min | 17000 | 30.10 / 31.70 | 30.90 ± 1.13 | 29.20-32.60 |  |  |  |  |
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Row:
     frames_per_second: Optional[float]
     errors: dict[str, list[float]]  # set -> error rate (percent) per seed
     intervals: dict[str, tuple[float, float, float]]  # set -> (rate, low, high), percent
-    versus: dict[str, float]  # probability_of_improvement, matched_pairs_p, sign_p (against the baseline)
+    versus: dict  # probability_of_improvement, run_level (a RunLevelTest or None), matched_pairs_p, sign_p
     failed: int = 0  # runs of this system without a result (failed, or still running)
 
 
@@ -70,6 +71,7 @@ def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str]
                 versus = {
                     "probability_of_improvement": statistics.probability_of_improvement(base[:, bi], mine[:, mi], lengths,
                                                                                         replications),
+                    "run_level": statistics.run_level(base[:, bi], mine[:, mi], lengths),
                     "matched_pairs_p": statistics.matched_pairs(base[:, bi], mine[:, mi]).p_value,
                     "sign_p": statistics.sign_test(base[:, bi], mine[:, mi]).p_value,
                 }
@@ -97,23 +99,32 @@ def _cells(row: Row, sets: Sequence[str], test_set: str) -> list[str]:
             iv = row.intervals.get(name)
             cells.append(f"{iv[1]:.2f}-{iv[2]:.2f}" if iv else "")
     v = row.versus
-    cells += [number(v.get("probability_of_improvement"), ".3f"), number(v.get("matched_pairs_p"), ".3g"),
-              number(v.get("sign_p"), ".3g")]
+    cells += [number(v.get("probability_of_improvement"), ".3f"), _run_level_p(v),
+              number(v.get("matched_pairs_p"), ".3g"), number(v.get("sign_p"), ".3g")]
     return cells
+
+
+def _run_level_p(versus: dict) -> str:
+    """The run-level p-value, "one seed" where a system has one (the runs' variance unknown), or empty."""
+    if not versus:
+        return ""
+    test = versus.get("run_level")
+    return "one seed" if test is None else format(test.p_value, ".3g")
 
 
 def headers(sets: Sequence[str], test_set: str) -> list[str]:
     names = ["system", "units", "parameters", "epochs", "training", "frames/s"]
     for name in sets:
         names += [f"{name} per seed", f"{name} mean ± sd"] + ([f"{name} 95 % interval"] if name == test_set else [])
-    return names + ["P(better than baseline)", "matched pairs p", "sign test p"]
+    return names + ["P(better than baseline)", "run-level p", "utterance-only p (matched pairs)",
+                    "utterance-only p (sign test)"]
 
 
 def markdown(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] = None) -> str:
     sets = list(sets or table[0].errors)
     head = headers(sets, test_set)
     align = ["---", "---"] + ["---:"] * 4 + [a for name in sets for a in (["---", "---:"] + (["---:"] if name == test_set else []))]
-    align += ["---:"] * 3
+    align += ["---:"] * 4
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
     lines += ["| " + " | ".join(_cells(row, sets, test_set)) + " |" for row in table]
     return "\n".join(lines)
@@ -146,17 +157,20 @@ class Pair:
     against: str
     system_error: Optional[float]  # None: no finished run yet (a study still under way)
     against_error: Optional[float]
-    versus: dict[str, float]
+    versus: dict
     seeds: tuple[int, int] = (0, 0)  # finished runs of each
 
     def reading(self, alpha: float = 0.05) -> str:
-        """What the matched-pairs test says at level ``alpha``: ``better``/``worse`` (than ``against``)
-        or ``no significant difference``; empty before both systems have a finished run."""
+        """The verdict at level ``alpha``, from the run-level test alone (``statistics.run_level``):
+        ``better``/``worse`` (than ``against``), or ``not resolved with S / S seeds``; with one seed in
+        either system ``not resolved: one seed, run-to-run variance unknown`` whatever the utterance-only
+        tests say; empty before both systems have a finished run."""
         if not self.versus:
             return ""
-        if self.versus["matched_pairs_p"] >= alpha:
-            return "no significant difference"
-        return f"{'better' if self.system_error < self.against_error else 'worse'} (p < {alpha:g})"
+        test = self.versus["run_level"]
+        if test is None:
+            return "not resolved: one seed, run-to-run variance unknown"
+        return test.reading(alpha)
 
 
 def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set: str,
@@ -187,21 +201,110 @@ def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set
     return out
 
 
+PAIR_HEADERS = ("system", "against", "seeds", "{set} error", "against's", "difference", "95 % interval (runs)",
+                "P(better)", "run-level p", "utterance-only p (matched pairs)", "utterance-only p (sign test)",
+                "at 5 % (run level)", "resolvable at 80 % power", "seeds needed")
+
+
 def pairs_markdown(table: Sequence[Pair], test_set: str) -> str:
-    """The pairs as a Markdown table: both means and their seeds, the difference, the three tests, and
-    what the matched-pairs test says at the 5 % level."""
-    lines = [f"| system | against | seeds | {test_set} error | against's | difference | P(better) | matched pairs p | "
-             "sign test p | at 5 % |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    """The pairs as a Markdown table: both means and their seeds, the difference with its run-level
+    interval, the tests (the run-level one first; the others see only utterances), the verdict at 5 %
+    from the run-level test, the difference the design resolves with 80 % power and the seeds per system
+    that would resolve the observed one (``statistics.run_level``; "-" where no number of seeds would,
+    on this test set)."""
+    lines = ["| " + " | ".join(h.format(set=test_set) for h in PAIR_HEADERS) + " |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for p in table:
         v, seeds = p.versus, f"{p.seeds[0]} / {p.seeds[1]}"
         if not v:
             lines.append(f"| {p.system} | {p.against} | {seeds} | {_or_dash(p.system_error)} | "
-                         f"{_or_dash(p.against_error)} | | no finished run of both yet | | | |")
+                         f"{_or_dash(p.against_error)} | | no finished run of both yet |" + " |" * 7)
             continue
-        lines.append(f"| {p.system} | {p.against} | {seeds} | {p.system_error:.2f} | {p.against_error:.2f} | "
-                     f"{p.system_error - p.against_error:+.2f} | {v['probability_of_improvement']:.3f} | "
-                     f"{v['matched_pairs_p']:.3g} | {v['sign_p']:.3g} | {p.reading()} |")
+        test = v["run_level"]
+        if test is None:
+            runs = ["", "", "one seed", "", ""]
+        else:
+            runs = [f"{100 * test.low:+.2f} to {100 * test.high:+.2f}", f"{v['probability_of_improvement']:.3f}",
+                    f"{test.p_value:.3g}", f"{100 * test.resolvable:.2f}",
+                    "-" if test.seeds_needed is None else str(test.seeds_needed)]
+        if test is None:
+            runs[1] = f"{v['probability_of_improvement']:.3f}"
+        cells = [p.system, p.against, seeds, f"{p.system_error:.2f}", f"{p.against_error:.2f}",
+                 f"{p.system_error - p.against_error:+.2f}", runs[0], runs[1], runs[2], f"{v['matched_pairs_p']:.3g}",
+                 f"{v['sign_p']:.3g}", p.reading(), runs[3], runs[4]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the papers' claims
+# What a claim expects of `system` against `against`, and the run-level reading that bears it out or not.
+EXPECTATIONS = {"better": ("better", "worse"), "not worse": ("better", "worse"),
+                "worse": ("worse", "better"), "not better": ("worse", "better")}
+
+
+@dataclass
+class Claim:
+    """A claim of a paper, tested by one pair: ``system`` is ``expects`` (``better``, ``not worse``,
+    ``worse``, ``not better``) than ``against``."""
+
+    text: str
+    paper: str  # what the paper measured
+    expects: str
+    system: str
+    against: str
+
+    def verdict(self, pair: "Pair", alpha: float = 0.05) -> str:
+        """``agrees`` or ``disagrees`` where the run-level test resolves the pair at ``alpha``, else its
+        ``not resolved ...`` reading (one seed, or too few seeds for the difference); empty before the
+        pair has finished runs of both systems."""
+        reading = pair.reading(alpha)
+        agreeing, disagreeing = EXPECTATIONS[self.expects]
+        if reading.startswith(agreeing):
+            return "agrees"
+        if reading.startswith(disagreeing):
+            return "disagrees"
+        return reading
+
+
+def read_claims(path) -> list[Claim]:
+    """The claims of a tab-separated file: a header line, then ``claim, paper's numbers, expects,
+    SYSTEM:AGAINST`` per line (``#`` lines are comments). A malformed line is an error naming its number."""
+    claims = []
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip() or line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        pair = fields[3].split(":") if len(fields) == 4 else []
+        if len(pair) != 2 or not all(pair) or fields[2] not in EXPECTATIONS:
+            raise ValueError(f"{path}:{number}: expected 4 tab-separated fields, claim, paper, one of "
+                             f"{', '.join(EXPECTATIONS)}, SYSTEM:AGAINST; got {line!r}")
+        claims.append(Claim(fields[0], fields[1], fields[2], pair[0], pair[1]))
+    if not claims:
+        raise ValueError(f"{path}: no claims (a header line, then one claim a line)")
+    return claims
+
+
+def claims_markdown(claims: Sequence[Claim], table: Sequence[Pair]) -> str:
+    """Each claim with its pair's difference, run-level interval and p-value, and the verdict (:meth:`Claim.verdict`)."""
+    by_names = {(p.system, p.against): p for p in table}
+    lines = ["| claim | the paper's numbers | system : against | difference (95 % interval, runs) | run-level p | "
+             "on the built-in corpus |", "| --- | --- | --- | --- | ---: | --- |"]
+    for claim in claims:
+        pair = by_names[claim.system, claim.against]
+        test = pair.versus.get("run_level") if pair.versus else None
+        if not pair.versus:
+            measured, p_value = "", ""
+        elif test is None:
+            measured, p_value = f"{pair.system_error - pair.against_error:+.2f}", "one seed"
+        else:
+            measured = f"{pair.system_error - pair.against_error:+.2f} ({100 * test.low:+.2f} to {100 * test.high:+.2f})"
+            p_value = f"{test.p_value:.3g}"
+        verdict = claim.verdict(pair)
+        verdict = f"**{verdict}**" if verdict in ("agrees", "disagrees") else verdict
+        lines.append(f"| {claim.text} | {claim.paper} | `{claim.system} : {claim.against}` | {measured} | {p_value} | "
+                     f"{verdict} |")
     return "\n".join(lines)
 
 

@@ -1,5 +1,5 @@
-"""How sure a comparison of error rates is: bootstrap intervals and matched-pair tests over utterances,
-with one or several training seeds per system.
+"""How sure a comparison of error rates is: bootstrap intervals, a run-level test whose unit is the
+training run, utterance-level tests, and the power of the design, with one or several seeds per system.
 
 Everything works on per-utterance error counts (``decode_<set>/per_utt``): ``errors`` ``(S, N)``, the
 errors of each of ``S`` seeds on each of ``N`` utterances of one test set, and ``lengths`` ``(N,)``, the
@@ -26,7 +26,29 @@ independently (seed 1 of one system has nothing to do with seed 1 of another).
 utterance ``u`` (averaged over each system's seeds), the NIST MAPSSWE test with every utterance as one
 segment (Gillick and Cox 1989): ``z = mean(d) / (sd(d) / sqrt(N))``, two-sided normal p-value. And the
 **sign test** (:func:`sign_test`): of the utterances where the two differ, how many B wins, against a
-fair coin, exact two-sided binomial p-value.
+fair coin, exact two-sided binomial p-value. Both see only the variation between utterances: they
+answer whether these trained networks differ on utterances like these, not whether training the two
+configs again would give the same order. **Utterance-only tests**, labelled so wherever they are shown.
+
+**The run-level test** (:func:`run_level`), the one a verdict rests on. A seed repeats the whole
+training run, so the runs, not the utterances, are what a comparison of configs replicates. With
+``r_s`` each seed's error rate on the test set and ``D = mean(r_B) - mean(r_A)``, the variance of ``D``
+has two parts: the training runs', ``s_A^2 / S_A + s_B^2 / S_B`` (the sample variances of the per-seed
+rates), and the test set's, ``N var(d) / L^2`` (``d_u`` the seed-averaged difference of error counts on
+utterance ``u``, ``L`` the reference tokens: the variance of the rate difference that drawing another
+test set of ``N`` utterances would give, the same quantity as the matched-pairs test's). The test is
+``t = D / sqrt(sum of both)`` with Welch-Satterthwaite degrees of freedom (the three variance terms with
+``S_A - 1``, ``S_B - 1`` and ``N - 1``), two-sided. The test set's term is taken from seed-averaged
+errors, which still carry part of the seeds' variation: counted twice, it makes the test a little
+conservative. With one seed in either system the training runs' variance is unknown and there is no
+run-level test: a comparison of single runs is not resolved, whatever the utterance-only tests say.
+
+**Power** (:attr:`RunLevelTest.resolvable`, :attr:`RunLevelTest.seeds_needed`): the difference this
+design resolves with probability 0.8 at the level, ``(t_{df, 1 - alpha/2} + t_{df, 0.8}) SE``, and the
+seeds per system with which the observed difference would be resolved with that probability, if the
+variances observed are the true ones (the training runs' part shrinks as ``1 / S``, the test set's
+does not: a difference below its floor needs a larger test set, not more seeds: ``None``). Planning
+figures, from three seeds' variances: rough.
 
 >>> import numpy as np
 >>> a = np.array([[1, 0, 2, 1]]); b = np.array([[0, 0, 1, 1]]); n = np.array([5, 5, 5, 5])
@@ -40,8 +62,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 REPLICATIONS = 10000  # compute-wer-bootci's default
 
@@ -141,3 +165,80 @@ def sign_test(errors_a, errors_b) -> PairedTest:
     n, k = wins + losses, min(wins, losses)
     p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
     return PairedTest(float(wins - losses), p, wins, losses)
+
+
+@dataclass(frozen=True)
+class RunLevelTest:
+    """B against A with the training run as the unit (see the module docstring); rates are fractions."""
+
+    difference: float  # mean over B's seeds minus mean over A's, of the per-seed error rates
+    standard_error: float
+    seed_variance: float  # the training runs' part of standard_error ** 2
+    utterance_variance: float  # the test set's part
+    df: float  # Welch-Satterthwaite degrees of freedom
+    statistic: float  # t
+    p_value: float  # two-sided
+    low: float  # the 1 - alpha interval of the difference
+    high: float
+    resolvable: float  # the difference this design resolves with probability `power` at the level
+    seeds_needed: Optional[int]  # seeds per system to resolve `difference` so; None: no number of seeds does
+    seeds: tuple[int, int]
+
+    def reading(self, alpha: float = 0.05) -> str:
+        """``better``/``worse`` (B than A) where this test says so at ``alpha``, else ``not resolved``."""
+        if self.p_value < alpha:
+            return f"{'better' if self.difference < 0 else 'worse'} (p < {alpha:g})"
+        return f"not resolved with {self.seeds[0]} / {self.seeds[1]} seeds"
+
+
+MAX_SEEDS = 1000  # the search for the seeds a difference needs stops here
+
+
+def _welch(parts: list[tuple[float, float]]) -> tuple[float, float]:
+    """``(variance, df)`` of a sum of independent variance estimates ``(v_i, df_i)`` (Welch-Satterthwaite)."""
+    variance = sum(v for v, _ in parts)
+    denominator = sum(v * v / df for v, df in parts if v > 0)
+    return variance, (variance * variance / denominator if denominator > 0 else math.inf)
+
+
+def _detectable(variance: float, df: float, alpha: float, power: float) -> float:
+    """The difference a two-sided t test at ``alpha`` finds with probability ``power``."""
+    return float((scipy_stats.t.ppf(1 - alpha / 2, df) + scipy_stats.t.ppf(power, df)) * math.sqrt(variance))
+
+
+def run_level(errors_a, errors_b, lengths, alpha: float = 0.05, power: float = 0.8) -> Optional[RunLevelTest]:
+    """The run-level test of B against A (module docstring); ``None`` where a system has one seed.
+
+    ``errors_a`` ``(S_A, N)``, ``errors_b`` ``(S_B, N)`` errors per seed and utterance, ``lengths`` ``(N,)``.
+    """
+    errors_a, lengths = _check(errors_a, lengths)
+    errors_b, _ = _check(errors_b, lengths)
+    sizes = (errors_a.shape[0], errors_b.shape[0])
+    if min(sizes) < 2:
+        return None
+    total, count = lengths.sum(), len(lengths)
+    rates_a, rates_b = errors_a.sum(axis=1) / total, errors_b.sum(axis=1) / total
+    difference = float(rates_b.mean() - rates_a.mean())
+    seed_parts = [(float(r.var(ddof=1)) / len(r), len(r) - 1) for r in (rates_a, rates_b)]
+    d = errors_b.mean(axis=0) - errors_a.mean(axis=0)
+    utterance_part = (count * float(d.var(ddof=1)) / float(total) ** 2 if count > 1 else 0.0, max(count - 1, 1))
+    variance, df = _welch(seed_parts + [utterance_part])
+    variance, df = float(variance), float(df)
+    if variance == 0:
+        statistic = 0.0 if difference == 0 else math.copysign(math.inf, difference)
+        p_value = 1.0 if difference == 0 else 0.0
+    else:
+        statistic = difference / math.sqrt(variance)
+        p_value = float(2 * scipy_stats.t.sf(abs(statistic), df))
+    half = float(scipy_stats.t.ppf(1 - alpha / 2, df) * math.sqrt(variance))
+
+    def detectable_with(seeds: int) -> float:  # both systems with `seeds` runs, the variances as observed
+        parts = [(v * n / seeds, seeds - 1) for (v, _), n in zip(seed_parts, sizes)] + [utterance_part]
+        return _detectable(*_welch(parts), alpha, power)
+
+    seeds_needed = next((n for n in range(2, MAX_SEEDS + 1) if detectable_with(n) <= abs(difference)), None) \
+        if difference else None
+    return RunLevelTest(difference, math.sqrt(variance), sum(v for v, _ in seed_parts), utterance_part[0], df,
+                        statistic, p_value, difference - half, difference + half, _detectable(variance, df, alpha, power),
+                        seeds_needed, sizes)
+

@@ -80,7 +80,8 @@ phones=(cfg/MINI_liBRU.cfg cfg/MINI_liGRU.cfg cfg/MINI_liBRU_bi.cfg cfg/MINI_liG
         cfg/MINI_MGU.cfg)
 words=(cfg/MINIW_liBRU.cfg cfg/MINIW_liGRU.cfg cfg/MINIW_LSTM.cfg)
 
-# The papers' comparisons, system:against (RESULTS.md says which paper and table each one checks).
+# The papers' comparisons, system:against (results/claims_*.tsv say which paper and table each one
+# checks, and what it claims: compare.py --claims adds their verdicts).
 phone_pairs=MINI_liBRU:MINI_liGRU,MINI_liBRU_bi:MINI_liGRU_bi
 phone_pairs+=,MINI_UBRU_kalman:MINI_UBRU,MINI_UBRU_hmm:MINI_UBRU,MINI_UBRU_kalman:MINI_UBRU_bi,MINI_UBRU_hmm:MINI_UBRU_bi
 phone_pairs+=,MINI_liGRU_UBRU:MINI_liGRU_bi,MINI_liGRU_UBRU:MINI_liGRU_bi3
@@ -134,10 +135,12 @@ if [ $stage -le 4 ] && [ $stop_stage -ge 4 ]; then
     [ -d "$out/$task" ] && python compare.py archive "$out/$task" "$kept/$task"
   done
   python compare.py table $kept/phones --baseline MINI_liGRU --pairs $phone_pairs \
-    --pending-ok --markdown RESULTS.md --section study-phones --plots results/study_phones
+    --claims results/claims_phones.tsv --pending-ok --markdown RESULTS.md --section study-phones \
+    --plots results/study_phones
   if [ -d $kept/words ]; then
     python compare.py table $kept/words --baseline MINIW_liGRU --pairs $word_pairs \
-      --pending-ok --markdown RESULTS.md --section study-words --plots results/study_words
+      --claims results/claims_words.tsv --pending-ok --markdown RESULTS.md --section study-words \
+      --plots results/study_words
   fi
   if [ -d $kept/phones_plain ]; then
     python compare.py table $kept/phones $kept/phones_plain --baseline MINI_liGRU --pairs "$fix_pairs" \
