@@ -4,10 +4,13 @@ Everything runs on the tiny size built once per session (``tiny_corpus`` in conf
 more tiny build checks that a seed gives byte-identical archives and how a failed stage is left.
 """
 
+import dataclasses
 import doctest
 import gzip
+import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import kaldiio
@@ -16,7 +19,7 @@ import pytest
 
 from bru_kaldi import decoding as decode
 from recipes.mini_timit.corpus import RECIPE_DIR, ensure_corpus
-from recipes.mini_timit.local import espeak, phoneset
+from recipes.mini_timit.local import espeak, layout, phoneset, prepare_text
 from recipes.mini_timit.local.layout import SPLITS, STAGES, read_table, stage_marker
 from recipes.mini_timit.local.make_mono import phone_frames
 from recipes.mini_timit.local.prepare_lang import bigram_arpa
@@ -204,6 +207,59 @@ def test_a_built_corpus_is_reused_and_a_different_seed_refused(tiny_corpus):
         ensure_corpus(tiny_corpus.root, size="tiny", seed=TINY_SEED + 1)
     with pytest.raises(ValueError, match="size must be one of"):
         ensure_corpus(tiny_corpus.root, size="huge")
+
+
+def test_a_corpus_of_an_earlier_layout_is_refused(tmp_path):
+    """A marker of the same size and seed but other speaker counts (the default size before its dev and
+    test sets grew) is not taken for a complete stage."""
+    marker = stage_marker(tmp_path, 0)
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"size": "tiny", "seed": 1, "speakers": [4, 2, 1], "utts_per_speaker": 3,
+                                  "num_jobs": 2}) + "\n")
+    with pytest.raises(RuntimeError, match=r"an earlier layout of size=tiny .*speakers \[4, 2, 1\], now \[4, 2, 2\]"):
+        layout.stage_is_complete(tmp_path, 0, "tiny", 1)
+    marker.write_text(json.dumps({"size": "tiny", "seed": 1, **dataclasses.asdict(layout.SIZES["tiny"])}) + "\n")
+    assert layout.stage_is_complete(tmp_path, 0, "tiny", 1)
+
+
+def test_larger_test_sets_leave_the_training_set_as_it_was(tmp_path, monkeypatch):
+    """Stage 0 with the tiny size's speakers as the core and one more dev and test speaker: the same training
+    speakers and sentences, the core dev and test speakers first with their sentences, the added ones after."""
+    def prompts(root, size):
+        monkeypatch.setitem(layout.SIZES, "tiny", size)
+        monkeypatch.setattr(sys, "argv", ["prepare_text", "--size", "tiny", "--seed", "3", str(root)])
+        prepare_text.main()
+        return {split: read_table(root / "data" / "local" / split / "prompts.txt") for split in SPLITS}, \
+            read_table(root / "data" / "local" / "speakers.txt")
+
+    tiny = layout.SIZES["tiny"]
+    before, speakers_before = prompts(tmp_path / "a", tiny)
+    after, speakers_after = prompts(tmp_path / "b", dataclasses.replace(tiny, speakers=(4, 3, 3)))
+    assert after["train"] == before["train"]
+    assert {s: v for s, v in speakers_after.items() if v.startswith("train")} == \
+        {s: v for s, v in speakers_before.items() if v.startswith("train")}
+    assert (len(after["dev"]), len(after["test"])) == (9, 9)
+    assert all(u in after["dev"] and after["dev"][u] == text for u, text in before["dev"].items())  # core first
+    dev_speakers = sorted({u.split("_")[0] for u in after["dev"]}, key=lambda s: int(s[1:]))
+    assert dev_speakers[:2] == sorted({u.split("_")[0] for u in before["dev"]}, key=lambda s: int(s[1:]))
+    assert len(set(speakers_after.values())) == len(speakers_after)  # the added voices are new ones
+
+
+def test_the_core_of_dev_is_a_data_dir_of_its_first_speakers(tmp_path, tiny_corpus):
+    source = tmp_path / "dev"
+    source.mkdir()
+    (source / "utt2spk").write_text("f2_s0 f2\nm10_s0 m10\nm10_s1 m10\nm3_s0 m3\n")
+    (source / "spk2utt").write_text("f2 f2_s0\nm10 m10_s0 m10_s1\nm3 m3_s0\n")
+    (source / "feats.scp").write_text("f2_s0 a.ark:1\nm10_s0 a.ark:2\nm10_s1 a.ark:3\nm3_s0 a.ark:4\n")
+    (source / "cmvn.scp").write_text("f2 c.ark:1\nm10 c.ark:2\nm3 c.ark:3\n")
+    assert layout.core_speakers(source, 2) == ["f2", "m3"]  # by number, not by the gender letter
+    layout.subset_data_dir(source, tmp_path / "core", ["f2", "m3"])
+    assert (tmp_path / "core" / "feats.scp").read_text() == "f2_s0 a.ark:1\nm3_s0 a.ark:4\n"
+    assert (tmp_path / "core" / "cmvn.scp").read_text() == "f2 c.ark:1\nm3 c.ark:3\n"
+    assert (tmp_path / "core" / "spk2utt").read_text() == "f2 f2_s0\nm3 m3_s0\n"
+    # the tiny size's core is all of dev, aligned on its own as the configs' per-epoch dev set
+    assert read_table(tiny_corpus.root / "data" / layout.CORE / "feats.scp") == read_table(tiny_corpus.feats("dev"))
+    assert (tiny_corpus.root / "exp" / f"mono_ali_{layout.CORE}" / "ali.1.gz").is_file()
 
 
 def test_run_sh_usage_shellcheck_and_skipping(tiny_corpus):

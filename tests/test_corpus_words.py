@@ -5,8 +5,10 @@ conftest.py, whose shared stages 0-2 it reuses), by ``run.sh --task words``; the
 it there and checks that every output comes back byte for byte.
 """
 
+import dataclasses
 import gzip
 import hashlib
+import json
 import math
 import os
 import random
@@ -391,7 +393,8 @@ def test_run_sh_task_option_usage_shellcheck_and_fast_path(words, tmp_path):
 def test_a_shared_stage_invalidates_both_tasks_a_word_stage_only_its_own(tmp_path):
     for task, names in layout.TASKS.items():
         for stage in range(len(names)):
-            layout.atomic_write_text(stage_marker(tmp_path, stage, task), '{"size": "tiny", "seed": 1}\n')
+            layout.atomic_write_text(stage_marker(tmp_path, stage, task), json.dumps(
+                {"size": "tiny", "seed": 1, **dataclasses.asdict(layout.SIZES["tiny"])}) + "\n")
     with layout.run_stage(tmp_path, 4, "tiny", 1, task="words") as run:
         assert run is False  # complete: skipped
     stage_marker(tmp_path, 4, "words").unlink()

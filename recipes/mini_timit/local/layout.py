@@ -39,19 +39,28 @@ LMS = ("tg", "tgpr")  # the word task's LMs, named as WSJ's: a trigram and its p
 
 @dataclass(frozen=True)
 class Size:
-    """How many speakers each split has and how many sentences each speaker reads."""
+    """How many speakers each split has and how many sentences each speaker reads.
+
+    ``core``: the speakers drawn first, as the corpus's first layout drew all of them (train, dev, test);
+    the rest of dev and test are drawn after them, from their own random stream, so that enlarging the
+    test sets left the training set as it was. The core dev speakers are also ``data/dev_core``
+    (:data:`CORE`), the fixed subset of dev that training validates on each epoch.
+    """
 
     speakers: tuple[int, int, int]  # train, dev, test
     utts_per_speaker: int
     num_jobs: int  # synthesis jobs and alignment archives; fixed so the output does not depend on the CPU count
+    core: tuple[int, int, int]
 
 
 # TIMIT: 462 / 50 / 24 speakers (train / dev / core test) with 8 sentences each, 3.1 hours of
-# training speech. "default" keeps those proportions at about one hour; "tiny" is for the tests.
+# training speech. "default" has TIMIT's dev and core test sets (400 and 192 utterances, speakers of
+# their own) and a third of its training set, about one hour; "tiny" is for the tests.
 SIZES = {
-    "default": Size(speakers=(126, 14, 7), utts_per_speaker=8, num_jobs=4),
-    "tiny": Size(speakers=(4, 2, 2), utts_per_speaker=3, num_jobs=2),
+    "default": Size(speakers=(126, 50, 24), utts_per_speaker=8, num_jobs=4, core=(126, 14, 7)),
+    "tiny": Size(speakers=(4, 2, 2), utts_per_speaker=3, num_jobs=2, core=(4, 2, 2)),
 }
+CORE = "dev_core"  # data/dev_core: the core dev speakers' utterances (data/dev_core_words: the word task's)
 
 
 def check_task(task: str) -> tuple[str, ...]:
@@ -78,6 +87,13 @@ def stage_is_complete(root: Path, stage: int, size: str, seed: int, task: str = 
             f"{root} holds a corpus built with size={built['size']} seed={built['seed']} ({marker}), "
             f"not size={size} seed={seed}: remove {Path(root) / 'data'} and {Path(root) / 'exp'} to rebuild"
         )
+    layout = json.loads(json.dumps(asdict(SIZES[size])))  # tuples as the marker's lists
+    if {key: built.get(key) for key in layout} != layout:
+        raise RuntimeError(
+            f"{root} holds a corpus of an earlier layout of size={size} ({marker}: speakers "
+            f"{built.get('speakers')}, now {layout['speakers']}): remove {Path(root) / 'data'} and "
+            f"{Path(root) / 'exp'} to rebuild"
+        )
     return True
 
 
@@ -92,6 +108,25 @@ def first_incomplete(root: Path, size: str, seed: int, task: str = "phones") -> 
 def write_table(path: Path, rows: dict[str, str]) -> None:
     """A Kaldi table (``key value``), sorted in the C locale as Kaldi requires."""
     atomic_write_text(path, "".join(f"{k} {rows[k]}\n" for k in sorted(rows, key=lambda s: s.encode())))
+
+
+def subset_data_dir(source: Path, target: Path, speakers) -> None:
+    """``target``: the Kaldi data dir ``source`` restricted to ``speakers`` and their utterances. Every
+    table of ``source`` (``key value`` lines: feats.scp, cmvn.scp, text, utt2spk, spk2utt, ...) keeps the
+    rows whose key is one of them or of their utterances; the archives the scp files point at are
+    shared (the paths in them do not depend on the data dir)."""
+    source, target = Path(source), Path(target)
+    speakers = set(speakers)
+    keep = speakers | {u for u, s in read_table(source / "utt2spk").items() if s in speakers}
+    target.mkdir(parents=True, exist_ok=True)
+    for table in sorted(p for p in source.iterdir() if p.is_file()):
+        write_table(target / table.name, {k: v for k, v in read_table(table).items() if k in keep})
+
+
+def core_speakers(data_dir: Path, count: int) -> list[str]:
+    """The first ``count`` speakers of a data dir in the order they were drawn (ids are a gender letter
+    and the speaker's number: ``f126``), the core speakers of dev (:class:`Size`)."""
+    return sorted(read_table(Path(data_dir) / "spk2utt"), key=lambda s: int(s[1:]))[:count]
 
 
 def copy_folder(source: Path, target: Path) -> None:

@@ -32,7 +32,8 @@ from typing import Iterator
 import numpy as np
 
 from bru_kaldi.atomic import atomic_path
-from recipes.mini_timit.local.layout import SIZES, SPLITS, read_table, run_stage, stage_args, write_table
+from recipes.mini_timit.local.layout import (CORE, SIZES, SPLITS, core_speakers, read_table, run_stage, stage_args,
+                                             subset_data_dir, write_table)
 from recipes.mini_timit.local.synthesize import split_by_speaker
 
 FEATURES = ("fbank", "mfcc")
@@ -166,6 +167,8 @@ def main() -> None:
             write_table(data / "utt2num_frames", {u: str(n) for u, (n, _) in frames.items()})
             write_table(data / "utt2dur", {u: f"{samples / 16000:.4f}" for u, (_, samples) in frames.items()})
             print(f"{split}: {len(frames)} utterances, {sum(n for n, _ in frames.values())} frames")
+        dev = root / "data" / "dev"
+        subset_data_dir(dev, root / "data" / CORE, core_speakers(dev, size.core[1]))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from bru_kaldi.atomic import atomic_path, write_atomically
-from recipes.mini_timit.local.layout import SIZES, SPLITS, atomic_write_text, read_table, run_stage, stage_args
+from recipes.mini_timit.local.layout import CORE, SIZES, SPLITS, atomic_write_text, read_table, run_stage, stage_args
 from recipes.mini_timit.local.synthesize import split_by_speaker
 from bru_kaldi.feature_transforms import add_deltas, apply_cmvn
 from bru_kaldi.kaldi.alignments import read_alignments
@@ -171,11 +171,13 @@ def make_system(root: Path, lang: Path, mono: str, data_suffix: str, segments: s
     table = transition_table(topo, tm)
     phone_ids = {p: int(i) for p, i in read_table(lang / "phones.txt").items()}
     num_states = dict(zip(topo.phones, topo.get_phone_to_num_pdf_classes()[1:]))
-    for split in SPLITS:
+    for split in SPLITS + (CORE,):  # and the core of dev, data/dev_core (layout.Size), aligned on its own
         ali_dir = exp / f"{mono}_ali_{split}"
         ali_dir.mkdir(parents=True, exist_ok=True)
         frames = {u: int(n) for u, n in read_table(root / "data" / f"{split}{data_suffix}" / "utt2num_frames").items()}
-        segs = read_segments(root / "data" / "local" / split / segments)
+        segs = read_segments(root / "data" / "local" / ("dev" if split == CORE else split) / segments)
+        if split == CORE:
+            segs = {u: row for u, row in segs.items() if u in frames}
         if set(segs) != set(frames):
             raise ValueError(f"{split}: {segments} and utt2num_frames list different utterances")
         for utt, row in segs.items():
@@ -192,7 +194,7 @@ def make_system(root: Path, lang: Path, mono: str, data_suffix: str, segments: s
         atomic_write_text(ali_dir / "num_jobs", f"{len(jobs)}\n")
         print(f"{split}: {len(frames)} alignments in {len(jobs)} archives")
     add_gmm(tm, root / "data" / f"train{data_suffix}", exp / f"{mono}_ali_train", exp / mono,
-            [exp / f"{mono}_ali_{split}" for split in SPLITS])
+            [exp / f"{mono}_ali_{split}" for split in SPLITS + (CORE,)])
 
 
 def main() -> None:

@@ -29,8 +29,8 @@ from bru_kaldi.atomic import write_atomically
 from recipes.mini_timit.local import lexicon as lex
 from recipes.mini_timit.local import ngram_lm
 from recipes.mini_timit.local.lang_words import prepare_lang
-from recipes.mini_timit.local.layout import (LMS, SPLITS, atomic_write_text, copy_folder, read_table, run_stage,
-                                             stage_args, write_table)
+from recipes.mini_timit.local.layout import (CORE, LMS, SIZES, SPLITS, atomic_write_text, copy_folder, core_speakers,
+                                             read_table, run_stage, stage_args, subset_data_dir, write_table)
 from recipes.mini_timit.local.phoneset import PHONES, SIL
 from recipes.mini_timit.local.prepare_text import ACCENTS
 from recipes.mini_timit.local.word_text import drawn_sentences, normalise, read_prompts, write_word_data_dir
@@ -148,6 +148,8 @@ def main() -> None:
             return
         prompts = read_prompts(root)
         transcripts = {split: write_word_data_dir(root, split, prompts[split]) for split in SPLITS}
+        dev = root / "data" / "dev_words"
+        subset_data_dir(dev, root / "data" / f"{CORE}_words", core_speakers(dev, SIZES[args.size].core[1]))
         drawn, dropped = drawn_sentences(prompts, args.size, args.seed)
         train = [transcripts["train"][u] for u in sorted(transcripts["train"], key=str.encode)]
         text = [normalise(s) for s in drawn] + train

@@ -80,9 +80,10 @@ def make_sentence(rng: np.random.Generator, words: dict[str, tuple[str, ...]]) -
     return text[0].upper() + text[1:]
 
 
-def make_speakers(rng: np.random.Generator, count: int) -> list[dict]:
-    """``count`` distinct speakers: gender, voice (accent + variant), pitch, range, rate, word gap."""
-    speakers, seen = [], set()
+def make_speakers(rng: np.random.Generator, count: int, taken: list[dict] = ()) -> list[dict]:
+    """``count`` distinct speakers, none of them one of ``taken``: gender, voice (accent + variant),
+    pitch, range, rate, word gap."""
+    speakers, seen = [], {tuple(t.values()) for t in taken}
     while len(speakers) < count:
         gender = "m" if rng.random() < MALE_SHARE else "f"
         voice = f"{ACCENTS[rng.integers(len(ACCENTS))]}+{VARIANTS[gender][rng.integers(len(VARIANTS[gender]))]}"
@@ -105,14 +106,21 @@ def main() -> None:
             return
         rng = np.random.default_rng([args.seed, 0])
         words = word_lists()
-        speakers = make_speakers(rng, sum(size.speakers))
+        speakers = make_speakers(rng, sum(size.core))  # the core speakers (layout.Size), drawn first
         order = rng.permutation(len(speakers))  # speaker-disjoint splits
+        # The rest of dev and test, after every core speaker and from a stream of their own: the
+        # training speakers and sentences are the core draw's.
+        added = [n - c for n, c in zip(size.speakers, size.core)]
+        speakers += make_speakers(np.random.default_rng([args.seed, 0, 1]), sum(added), taken=speakers)
         table, seen_text = {}, set()
-        first = 0
-        for split, n_spk in zip(SPLITS, size.speakers):
+        first, first_added = 0, sum(size.core)
+        for split, n_core, n_added in zip(SPLITS, size.core, added):
             prompts = {}
             counts = {"m": 0, "f": 0}
-            for index in order[first:first + n_spk]:
+            chosen = list(order[first:first + n_core]) + list(range(first_added, first_added + n_added))
+            first, first_added = first + n_core, first_added + n_added
+            n_spk = len(chosen)
+            for index in chosen:
                 sp = speakers[index]
                 counts[sp["gender"]] += 1
                 # TIMIT-like ids: gender letter + number; utterance ids start with the speaker id
@@ -124,7 +132,6 @@ def main() -> None:
                         text = make_sentence(rng, words)
                     seen_text.add(text)
                     prompts[f"{spk}_s{k:02d}"] = text
-            first += n_spk
             write_table(args.root / "data" / "local" / split / "prompts.txt", prompts)
             print(f"{split}: {n_spk} speakers ({counts['m']} m, {counts['f']} f), {len(prompts)} sentences")
         write_table(args.root / "data" / "local" / "speakers.txt", table)
