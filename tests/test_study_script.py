@@ -33,56 +33,45 @@ def run_script(tmp_path, *options):
     return [line.rstrip("\t").split("\t") for line in lines]
 
 
-def test_the_stages_sweep_phones_words_and_plain_rmsprop_then_make_the_tables(tmp_path):
+def test_the_stages_sweep_the_claims_configs_and_the_word_task_then_make_the_tables(tmp_path):
     calls = run_script(tmp_path)
     verbs = [(c[0], c[1]) for c in calls]
-    assert verbs[:5] == [("compare.py", "sweep")] * 5
-    phones, phones_stacked, words, plain, plain_stacked = calls[:5]
+    assert verbs == [("compare.py", "sweep")] * 3  # nothing archived or run: no table yet
+    phones, phones_stacked, words = calls
     phone_cfgs = [a for a in phones + phones_stacked if a.endswith(".cfg")]
-    assert len(phone_cfgs) == 15 and "cfg/MINI_MGU.cfg" in phone_cfgs and "cfg/MINI_liGRU_UBRU.cfg" in phone_cfgs
-    assert all((ROOT / cfg).is_file() for cfg in phone_cfgs)
-    for sweep in calls[:5]:
-        assert "--exp,n_epochs_tr=24" in sweep and "--exp,patience=2" in sweep and "1,2,3" in sweep
+    assert len(phone_cfgs) == 13 and all((ROOT / cfg).is_file() for cfg in phone_cfgs)
+    # every system a claim names is trained, on its task
+    for claims, cfgs in (("claims_phones.tsv", phone_cfgs), ("claims_words.tsv", words)):
+        rows = [line.split("\t") for line in (ROOT / "results" / claims).read_text().splitlines()[1:] if line]
+        named = {name for row in rows for name in row[3].split(":")}
+        assert {f"cfg/{name}.cfg" for name in named} <= set(cfgs), (claims, named)
+    for sweep, seeds in ((phones, "1-10"), (phones_stacked, "1-10"), (words, "1-5")):
+        assert "--exp,n_epochs_tr=24" in sweep and "--exp,patience=2" in sweep
+        assert sweep[sweep.index("--seeds") + 1] == seeds
     assert [a for a in words if a.endswith(".cfg")] == ["cfg/MINIW_liBRU.cfg", "cfg/MINIW_liGRU.cfg", "cfg/MINIW_LSTM.cfg"]
-    # the study's one optimiser: bias-corrected RMSprop in every architecture, also where a config ships
-    # with plain RMSprop (cfg/MINI_LSTM.cfg does)
-    assert "opt_bias_correction = False" in (ROOT / "cfg" / "MINI_LSTM.cfg").read_text()
+    # one optimiser and one rate in every architecture, also where a config ships with others
+    assert "opt_bias_correction = False" in (ROOT / "cfg" / "MINI_GRU.cfg").read_text()
+    assert "arch_lr = 0.001" in (ROOT / "cfg" / "MINI_liGRU_UBRU.cfg").read_text()
     for sweep in (phones, words):
-        assert "--architecture1,opt_bias_correction=True" in sweep and not any("architecture2" in a for a in sweep)
+        assert {"--architecture1,opt_bias_correction=True", "--architecture1,arch_lr=0.002"} <= set(sweep)
+        assert not any("architecture2" in a for a in sweep)
     assert [a for a in phones_stacked if a.endswith(".cfg")] == ["cfg/MINI_liGRU_UBRU.cfg"]
-    assert {"--architecture1,opt_bias_correction=True", "--architecture2,opt_bias_correction=True"} <= set(phones_stacked)
-    assert str(tmp_path / "out" / "phones") in phones and str(tmp_path / "out" / "phones") in phones_stacked
-    # the "before" of the seeds fix: every phone config, plain RMSprop in each of its architectures
-    assert sorted(a for a in plain + plain_stacked if a.endswith(".cfg")) == sorted(phone_cfgs)
-    assert "--architecture1,opt_bias_correction=False" in plain and not any("architecture2" in a for a in plain)
-    assert [a for a in plain_stacked if a.endswith(".cfg")] == ["cfg/MINI_liGRU_UBRU.cfg"]
-    assert {"--architecture1,opt_bias_correction=False", "--architecture2,opt_bias_correction=False"} <= set(plain_stacked)
-    assert str(tmp_path / "out" / "phones_plain") in plain and str(tmp_path / "out" / "phones_plain") in plain_stacked
-    # nothing archived or run (the stand-in trains nothing): the phone table only, from the archive
-    tables = [c for c in calls if c[:2] == ["compare.py", "table"]]
-    assert len(tables) == 1 and tables[0][2] == str(tmp_path / "kept" / "phones")
+    assert {f"--architecture{i},{o}" for i in (1, 2) for o in ("opt_bias_correction=True", "arch_lr=0.002")} <= \
+        set(phones_stacked)
+    assert str(tmp_path / "out" / "phones") in phones and str(tmp_path / "out" / "words") in words
 
 
-def test_stage_4_archives_and_pairs_each_config_with_its_plain_twin_by_the_name_the_table_gives(tmp_path):
+def test_stage_3_archives_the_runs_and_makes_the_tables_with_the_claims(tmp_path):
     kept = tmp_path / "kept"
-    for task in ("phones", "phones_plain"):
-        (tmp_path / "out" / task).mkdir(parents=True)
-    for task, extra in (("phones", ""), ("phones_plain", "opt_bias_correction = False\n")):
-        folder = kept / task / "MINI_liGRU_UBRU" / "seed1"
-        fake_run(folder, "MINI_liGRU_UBRU", "ligru", 1, [1] * 30, 20, 20)
-        resolved = folder / "config.resolved.cfg"
-        resolved.write_text(resolved.read_text().replace("sizes = 8,8\n", "sizes = 8,8\n" + extra))
-    calls = run_script(tmp_path, "--stage", "4")
+    (tmp_path / "out" / "phones").mkdir(parents=True)
+    fake_run(kept / "phones" / "MINI_GRU" / "seed1", "MINI_GRU", "gru", 1, [1] * 30, 20, 20)
+    calls = run_script(tmp_path, "--stage", "3")
     archives = [c for c in calls if c[:2] == ["compare.py", "archive"]]
-    assert [c[2:] for c in archives] == [[str(tmp_path / "out" / t), str(kept / t)] for t in ("phones", "phones_plain")]
-    fix = next(c for c in calls if "study-seeds-fix" in c)
-    assert fix[2:4] == [str(kept / "phones"), str(kept / "phones_plain")]
-    pairs = [p.split(":") for p in fix[fix.index("--pairs") + 1].split(",")]
-    assert len(pairs) == 15 and ["MINI_MGU", "MINI_MGU(opt_bias_correction=False)"] in pairs
-    # the names asked for are the names the table gives the two systems
-    names = [s.name for s in group(find_runs([str(kept / "phones" / "*" / "seed*"), str(kept / "phones_plain" / "*" / "seed*")]))]
-    assert ["MINI_liGRU_UBRU", "MINI_liGRU_UBRU(opt_bias_correction=False)"] == names
-    assert names in pairs
+    assert [c[2:] for c in archives] == [[str(tmp_path / "out" / "phones"), str(kept / "phones")]]
+    (table,) = [c for c in calls if c[:2] == ["compare.py", "table"]]  # no word runs: the phone table alone
+    assert table[2] == str(kept / "phones") and table[table.index("--claims") + 1] == "results/claims_phones.tsv"
+    assert table[table.index("--section") + 1] == "study-layout2-phones"
+    assert "study-layout2-phones -->" in (ROOT / "RESULTS.md").read_text()  # where the table goes
 
 
 def test_a_sweep_stage_copies_back_the_archived_runs_it_lacks_and_keeps_the_finished_ones(tmp_path):
