@@ -10,11 +10,13 @@
 #   recipes/mini_timit/run_study.sh                 # everything not yet finished (about 18 h on 2 cores)
 #   recipes/mini_timit/run_study.sh --stage 3       # only the tables and figures, from the runs so far
 #
-# The seeds: ten resolve a 1.5-point difference of PER with 80 % power on the corpus's 192 test utterances,
-# if a config's seeds spread by about 1 point (sd) as they did in the first study (0.5-1.9, RESULTS.md) and
-# the test set's own spread is what the first study's was scaled to this test set (compare.py's power
-# columns say it for each pair once the runs are in). Five for the word task, the least a run-level
-# verdict should rest on (its claim is one pair).
+# The seeds: what the budget (about 15-18 h on 2 cores) affords, not what every pair would need. From the
+# first study's three seeds (their spread, and the test set's scaled from 56 to 192 utterances), resolving
+# a 1.5-point difference of PER with 80 % power takes 9-11 seeds a system for the Li-GRU pairs (seeds
+# spreading by about 1 point), 14-32 for the LBRU and one-way Li-BRU pairs, and 26-92 for the UBRU
+# pairs, whose seeds spread by 1.5-1.8 points. Ten seeds resolve about 1.5 points for the first, 2-3 for
+# the UBRU pairs; compare.py's power columns give each pair's figures once the runs are in. Five for the
+# word task, the least a run-level verdict should rest on.
 #
 # The schedule (the budget): at most 24 epochs, as the papers' TIMIT recipes; the rate halves after an
 # epoch that does not improve the dev frame error by 0.1 % (relative), as in the papers; a run stops
