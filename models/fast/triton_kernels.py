@@ -92,6 +92,23 @@ def _sync(counter, target, SYNC: tl.constexpr):
 
 
 @jit
+def _block(row0, B, H, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr):
+    """This program's batch rows and hidden units (axis 1 and 0 of the grid), and which of them exist."""
+    rows = row0 + tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    units = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+    return rows, units, rows < B, units < H
+
+
+@jit
+def _previous(out, h0, t, BH):
+    """Where ``h_{t-1}`` is: step ``t - 1``'s output, or ``h0``."""
+    previous = h0
+    if t > 0:
+        previous = out + (t - 1) * BH
+    return previous
+
+
+@jit
 def _load(ptr, rows, row_ok, cols, col_ok, ld):
     """The block ``[rows, cols]`` of a row-major matrix with leading dimension ``ld`` (0 outside)."""
     return tl.load(ptr + rows[:, None] * ld + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
@@ -116,6 +133,31 @@ def _product(acc, a_ptr, a_ld, rows, row_ok, b_ptr, b_ld, cols, col_ok, k_count,
     return acc
 
 
+@jit
+def _gate_products(a0, a1, a2, a3, previous, rows, row_ok, w_t, GH, units, unit_ok, H, G: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """``a_g + h_{t-1} U_g^T`` on the own units of each of the first ``G`` (at most 4) gates, whose columns of
+    ``w_t`` ``(H, G*H)`` start at ``g*H``; ``h_{t-1}`` (``previous``, the other programs' output) is read
+    once, at L2. The accumulators past ``G`` come back unchanged."""
+    for k0 in range(0, H, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < H
+        hk = tl.load(previous + rows[:, None] * H + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
+                     cache_modifier=".cg")
+        w_block = w_t + ks[:, None] * GH + units[None, :]
+        w_ok = k_ok[:, None] & unit_ok[None, :]
+        a0 += tl.dot(hk, tl.load(w_block, mask=w_ok, other=0.0), input_precision="ieee", out_dtype=a0.dtype)
+        if G > 1:
+            a1 += tl.dot(hk, tl.load(w_block + H, mask=w_ok, other=0.0), input_precision="ieee", out_dtype=a1.dtype)
+        if G > 2:
+            a2 += tl.dot(hk, tl.load(w_block + 2 * H, mask=w_ok, other=0.0), input_precision="ieee",
+                         out_dtype=a2.dtype)
+        if G > 3:
+            a3 += tl.dot(hk, tl.load(w_block + 3 * H, mask=w_ok, other=0.0), input_precision="ieee",
+                         out_dtype=a3.dtype)
+    return a0, a1, a2, a3
+
+
 # --------------------------------------------------------------------------- the gated family, forward
 @jit
 def gated_forward(proj, w_t, bias, h0, out, mask, keep1, keep2, scratch, counters, T, B, H, row0, t_begin, t_end,
@@ -137,17 +179,11 @@ def gated_forward(proj, w_t, bias, h0, out, mask, keep1, keep2, scratch, counter
     ``bias`` is ``b_hh`` (GRU only; the LSTM's is in ``proj``), ``mask`` the candidate mask ``(B, H)``
     (``HAS_MASK``), ``scratch`` ``(2, B, H)`` the MGU's ``f h_{t-1}``, shared between programs.
     """
-    p, q = tl.program_id(0), tl.program_id(1)
-    rows = row0 + q * BLOCK_B + tl.arange(0, BLOCK_B)
-    units = p * BLOCK_H + tl.arange(0, BLOCK_H)
-    row_ok, unit_ok = rows < B, units < H
-    counter = counters + q
+    rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
+    counter = counters + tl.program_id(1)  # the barrier of this block of rows
     arrivals = tl.num_programs(0) * (2 if KIND == MGU else 1)  # per step
     GH = G * H
-    if t_begin > 0:  # own units of h_{t-1}
-        h = _load(out + (t_begin - 1) * B * H, rows, row_ok, units, unit_ok, H)
-    else:
-        h = _load(h0, rows, row_ok, units, unit_ok, H)
+    h = _load(_previous(out, h0, t_begin, B * H), rows, row_ok, units, unit_ok, H)  # own units of h_{t-1}
     if HAS_MASK:
         m = _load(mask, rows, row_ok, units, unit_ok, H)
     if KIND == LSTM:
@@ -155,10 +191,7 @@ def gated_forward(proj, w_t, bias, h0, out, mask, keep1, keep2, scratch, counter
         if t_begin > 0:
             c = _load(keep2 + (t_begin - 1) * B * H, rows, row_ok, units, unit_ok, H)
     for t in range(t_begin, t_end):
-        if t > 0:
-            previous = out + (t - 1) * B * H
-        else:
-            previous = h0
+        previous = _previous(out, h0, t, B * H)
         p_t = proj + t * B * GH
         step = t - t_begin
         if KIND == MGU:  # f = sigma(p_f + U_f h), then h~ = tanh(p_h + U_h (f h)): two products, two barriers
@@ -177,6 +210,7 @@ def gated_forward(proj, w_t, bias, h0, out, mask, keep1, keep2, scratch, counter
         else:
             # The pre-activations of the own units of every gate: p + h_{t-1} U^T, h_{t-1} read once.
             a0 = _load(p_t, rows, row_ok, units, unit_ok, GH)
+            a1, a2, a3 = a0, a0, a0  # (the gates past G are not used)
             if G > 1:
                 a1 = _load(p_t + H, rows, row_ok, units, unit_ok, GH)
             if G > 2:
@@ -187,30 +221,11 @@ def gated_forward(proj, w_t, bias, h0, out, mask, keep1, keep2, scratch, counter
                 u0 = tl.full((BLOCK_B, BLOCK_H), 0.0, dtype=h.dtype) + tl.load(bias + units, mask=unit_ok, other=0.0)[None, :]
                 u1 = tl.full((BLOCK_B, BLOCK_H), 0.0, dtype=h.dtype) + tl.load(bias + H + units, mask=unit_ok, other=0.0)[None, :]
                 u2 = tl.full((BLOCK_B, BLOCK_H), 0.0, dtype=h.dtype) + tl.load(bias + 2 * H + units, mask=unit_ok, other=0.0)[None, :]
-            for k0 in range(0, H, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                k_ok = ks < H
-                hk = tl.load(previous + rows[:, None] * H + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                             other=0.0, cache_modifier=".cg")
-                w_block = w_t + ks[:, None] * GH + units[None, :]
-                w_ok = k_ok[:, None] & unit_ok[None, :]
-                if KIND == GRU:
-                    u0 += tl.dot(hk, tl.load(w_block, mask=w_ok, other=0.0), input_precision="ieee", out_dtype=u0.dtype)
-                    u1 += tl.dot(hk, tl.load(w_block + H, mask=w_ok, other=0.0), input_precision="ieee",
-                                 out_dtype=u1.dtype)
-                    u2 += tl.dot(hk, tl.load(w_block + 2 * H, mask=w_ok, other=0.0), input_precision="ieee",
-                                 out_dtype=u2.dtype)
-                else:
-                    a0 += tl.dot(hk, tl.load(w_block, mask=w_ok, other=0.0), input_precision="ieee", out_dtype=a0.dtype)
-                    if G > 1:
-                        a1 += tl.dot(hk, tl.load(w_block + H, mask=w_ok, other=0.0), input_precision="ieee",
-                                     out_dtype=a1.dtype)
-                    if G > 2:
-                        a2 += tl.dot(hk, tl.load(w_block + 2 * H, mask=w_ok, other=0.0), input_precision="ieee",
-                                     out_dtype=a2.dtype)
-                    if G > 3:
-                        a3 += tl.dot(hk, tl.load(w_block + 3 * H, mask=w_ok, other=0.0), input_precision="ieee",
-                                     out_dtype=a3.dtype)
+                u0, u1, u2, u3 = _gate_products(u0, u1, u2, u2, previous, rows, row_ok, w_t, GH, units, unit_ok, H, 3,
+                                                BLOCK_K)
+            else:
+                a0, a1, a2, a3 = _gate_products(a0, a1, a2, a3, previous, rows, row_ok, w_t, GH, units, unit_ok, H, G,
+                                                BLOCK_K)
             if KIND == BRU:  # log h_t = log sigma(a_t)
                 h = _log_sigmoid(a0)
             elif KIND == LIBRU:  # log h_t = log z + logaddexp(log h~, log h_{t-1} - a_z), as log(1 - z) = log z - a_z
@@ -283,11 +298,8 @@ def gated_backward(K, C, A, F, grad_out, w, da, g_state, dc_state, scratch, coun
     ``da_h = K_h g``, barrier, ``ds = da_h @ U_h``, ``da_f = K_f g + K_s ds``, barrier,
     ``g <- grad_out_{t-1} + C g + F ds + da_f @ U_f``, with ``g_state`` carrying ``g`` in and out.
     """
-    p, q = tl.program_id(0), tl.program_id(1)
-    rows = row0 + q * BLOCK_B + tl.arange(0, BLOCK_B)
-    units = p * BLOCK_H + tl.arange(0, BLOCK_H)
-    row_ok, unit_ok = rows < B, units < H
-    counter = counters + q
+    rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
+    counter = counters + tl.program_id(1)  # the barrier of this block of rows
     arrivals = tl.num_programs(0) * (2 if KIND == MGU else 1)
     GKH = GK * H
     g = _load(g_state, rows, row_ok, units, unit_ok, H)
@@ -351,11 +363,8 @@ def lbru_forward(proj, w_t, bias, h0, out, s_out, keep, hidden, counters, T, B, 
     ``q = p_n + z_{t-1} (u_n + b)``, ``h_t = n + r (h_{t-1} - n)`` (``n`` without the input gate). With ``TRAIN``
     it keeps ``hidden[t] = u_n + b`` and ``keep[t]`` = the pre-activations ``[a_z, a_r, q(, a_s)]``, or
     ``[a_z, q(, a_s)]`` without the input gate."""
-    p, q = tl.program_id(0), tl.program_id(1)
-    rows = row0 + q * BLOCK_B + tl.arange(0, BLOCK_B)
-    units = p * BLOCK_H + tl.arange(0, BLOCK_H)
-    row_ok, unit_ok = rows < B, units < H
-    counter = counters + q
+    rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
+    counter = counters + tl.program_id(1)  # the barrier of this block of rows
     arrivals = tl.num_programs(0)
     GH = G * H
     KW = GH if INPUT_GATE else GH - H  # the kept width
@@ -367,30 +376,16 @@ def lbru_forward(proj, w_t, bias, h0, out, s_out, keep, hidden, counters, T, B, 
         h = _load(h0, rows, row_ok, units, unit_ok, H)
         z_previous = tl.full((BLOCK_B, BLOCK_H), 0.0, dtype=h.dtype)
     for t in range(t_begin, t_end):
-        if t > 0:
-            previous = out + (t - 1) * B * H
-        else:
-            previous = h0
+        previous = _previous(out, h0, t, B * H)
         p_t = proj + t * B * GH
         a_z = _load(p_t, rows, row_ok, units, unit_ok, GH)
         a_r = _load(p_t + H, rows, row_ok, units, unit_ok, GH)
         u_n = tl.full((BLOCK_B, BLOCK_H), 0.0, dtype=h.dtype) + b_n
+        a_s = a_z  # (no s gate unless G = 4)
         if G > 3:
             a_s = _load(p_t + 3 * H, rows, row_ok, units, unit_ok, GH)
-        for k0 in range(0, H, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < H
-            hk = tl.load(previous + rows[:, None] * H + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                         other=0.0, cache_modifier=".cg")
-            w_block = w_t + ks[:, None] * GH + units[None, :]
-            w_ok = k_ok[:, None] & unit_ok[None, :]
-            a_z += tl.dot(hk, tl.load(w_block, mask=w_ok, other=0.0), input_precision="ieee", out_dtype=a_z.dtype)
-            a_r += tl.dot(hk, tl.load(w_block + H, mask=w_ok, other=0.0), input_precision="ieee", out_dtype=a_r.dtype)
-            u_n += tl.dot(hk, tl.load(w_block + 2 * H, mask=w_ok, other=0.0), input_precision="ieee",
-                          out_dtype=u_n.dtype)
-            if G > 3:
-                a_s += tl.dot(hk, tl.load(w_block + 3 * H, mask=w_ok, other=0.0), input_precision="ieee",
-                              out_dtype=a_s.dtype)
+        a_z, a_r, u_n, a_s = _gate_products(a_z, a_r, u_n, a_s, previous, rows, row_ok, w_t, GH, units, unit_ok, H, G,
+                                            BLOCK_K)
         a_n = _load(p_t + 2 * H, rows, row_ok, units, unit_ok, GH) + z_previous * u_n  # (74)
         z, n = _sigmoid(a_z), _sigmoid(a_n)
         if INPUT_GATE:
@@ -424,11 +419,8 @@ def lbru_backward(P, M, C, grad_h, w, du, G_out, g_state, counters, T, B, H, row
     ``[du_r, du_n][t] = g_t P_t`` (``P`` ``(T, B, 2, H)``; ``du`` ``(T, B, G*H)``, its ``s`` slot filled by the
     caller), then the barrier. ``g_state`` carries ``g_{t_end}`` in and ``g_{t_begin}`` out, and
     ``dL/dh_0 = C_0 g_0 + du_0 @ w`` after step 0."""
-    p, q = tl.program_id(0), tl.program_id(1)
-    rows = row0 + q * BLOCK_B + tl.arange(0, BLOCK_B)
-    units = p * BLOCK_H + tl.arange(0, BLOCK_H)
-    row_ok, unit_ok = rows < B, units < H
-    counter = counters + q
+    rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
+    counter = counters + tl.program_id(1)  # the barrier of this block of rows
     arrivals = tl.num_programs(0)
     GH = G * H
     g = _load(g_state, rows, row_ok, units, unit_ok, H)
@@ -458,14 +450,20 @@ def lbru_backward(P, M, C, grad_h, w, du, G_out, g_state, counters, T, B, H, row
 
 # --------------------------------------------------------------------------- elementwise recursions
 @jit
-def softplus_scan(c, k, x0, x, N, T, W, REVERSE: tl.constexpr, BLOCK: tl.constexpr):
-    """``x_t = c_t + softplus(x_{t-1} + k_0) - softplus(x_{t-1} + k_1)`` from ``x0`` (``REVERSE``: from ``t + 1``),
-    each program a block of the ``N = B*W`` units; ``c``, ``x`` ``(T, B, W)``, ``k`` ``(2, W)``, ``x0`` ``(B, W)``."""
+def _scan_block(k, N, W, BLOCK: tl.constexpr):
+    """This program's block of the ``N = B*W`` units of a ``(T, B, W)`` recursion, which ones exist, and each
+    one's constants ``k_0``, ``k_1`` (``k`` ``(2, W)``)."""
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = n < N
     unit = n % W
-    k0 = tl.load(k + unit, mask=ok, other=0.0)
-    k1 = tl.load(k + W + unit, mask=ok, other=0.0)
+    return n, ok, tl.load(k + unit, mask=ok, other=0.0), tl.load(k + W + unit, mask=ok, other=0.0)
+
+
+@jit
+def softplus_scan(c, k, x0, x, N, T, W, REVERSE: tl.constexpr, BLOCK: tl.constexpr):
+    """``x_t = c_t + softplus(x_{t-1} + k_0) - softplus(x_{t-1} + k_1)`` from ``x0`` (``REVERSE``: from ``t + 1``),
+    each program a block of the ``N = B*W`` units; ``c``, ``x`` ``(T, B, W)``, ``k`` ``(2, W)``, ``x0`` ``(B, W)``."""
+    n, ok, k0, k1 = _scan_block(k, N, W, BLOCK)
     v = tl.load(x0 + n, mask=ok, other=0.0)
     for i in range(0, T):
         if REVERSE:
@@ -482,11 +480,7 @@ def softplus_scan_backward(grad, k, x0, x, G, grad_k, grad_x0, N, T, W, REVERSE:
     """The gradient of :func:`softplus_scan` (as the C++ kernel's): with ``S_j = sigma(x_{t-1} + k_j)``,
     ``G_t = grad_t + (S_0 - S_1)_{t+1} G_{t+1}`` is ``dL/dc_t``, ``grad_k`` ``(2, B, W)`` gets ``+-sum_t S_j G_t``
     per unit (summed over ``B`` by the caller), ``grad_x0 = (S_0 - S_1)_0 G_0``."""
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = n < N
-    unit = n % W
-    k0 = tl.load(k + unit, mask=ok, other=0.0)
-    k1 = tl.load(k + W + unit, mask=ok, other=0.0)
+    n, ok, k0, k1 = _scan_block(k, N, W, BLOCK)
     carried = tl.load(grad + n, mask=ok, other=0.0) * 0.0
     sum0 = carried
     sum1 = carried
@@ -514,12 +508,8 @@ def softplus_scan_backward(grad, k, x0, x, G, grad_k, grad_x0, N, T, W, REVERSE:
 def kalman_smoother(x, k, last, gamma, N, T, H, BLOCK: tl.constexpr):
     """``gamma_t = (S_0 - S_1) gamma_{t+1} + S_1``, ``S_j = sigma(x_t + k_j)``, before each sequence's last frame
     ``last[b]``, and ``sigma(x_t)`` from it on (UBRU eq. 21, as the C++ kernel's)."""
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = n < N
-    unit = n % H
-    end = tl.load(last + n // H, mask=ok, other=0)
-    k0 = tl.load(k + unit, mask=ok, other=0.0)
-    k1 = tl.load(k + H + unit, mask=ok, other=0.0)
+    n, ok, k0, k1 = _scan_block(k, N, H, BLOCK)
+    end = tl.load(last + n // H, mask=ok, other=0)  # each sequence's last frame
     following = k0 * 0.0
     for i in range(0, T):
         t = T - 1 - i
@@ -534,12 +524,8 @@ def kalman_smoother_backward(grad, x, k, last, gamma, grad_x, grad_k, N, T, H, B
     """The gradient of :func:`kalman_smoother`: forward in time, ``G_t = grad_t + A_{t-1} G_{t-1}`` (``A = S_0 - S_1``,
     0 from the last frame on), ``dL/dA_t = G_t gamma_{t+1}``, ``dL/dS_1 = G_t - dL/dA_t``, through ``sigma'`` to ``x``
     and ``k`` (``grad_k`` ``(2, B, H)``, summed over ``B`` by the caller)."""
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = n < N
-    unit = n % H
-    end = tl.load(last + n // H, mask=ok, other=0)
-    k0 = tl.load(k + unit, mask=ok, other=0.0)
-    k1 = tl.load(k + H + unit, mask=ok, other=0.0)
+    n, ok, k0, k1 = _scan_block(k, N, H, BLOCK)
+    end = tl.load(last + n // H, mask=ok, other=0)  # each sequence's last frame
     carried = k0 * 0.0
     sum0 = carried
     sum1 = carried
