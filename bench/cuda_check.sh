@@ -2,7 +2,8 @@
 # The CUDA checks, for a machine with a GPU, most important first, each under its own time limit:
 #   1 the fast paths against the reference loops on the GPU, float32 (tests/test_fast_recurrences.py,
 #     backends cuda = the Triton kernels and cuda-torchscript = their fallback)
-#   2 bench/recurrences.py --targets on the GPU: every unit against cuDNN's LSTM, and the whole training step
+#   2 bench/recurrences.py --targets on the GPU: every unit against cuDNN's LSTM, and the whole training step,
+#     written into RESULTS.md's speed-cuda section (OUT_DIR/RESULTS.md: copy it over the checkout's)
 #   3 the built-in corpus, then the main job (cfg/MINI_liBRU.cfg) on the GPU, timed
 #   4 bench/triton_blocks.py: the kernels' block sizes (what the launcher's defaults rest on)
 #   5 the rest of the fast-path tests on the GPU (float64, gradcheck, memory; pytest-xdist if installed)
@@ -36,8 +37,10 @@ xdist=$("$python" -c "import xdist" 2>/dev/null && echo "-n 8")
 # shellcheck disable=SC2086  # $xdist is empty or two words
 TAIL=8 step 1 fast_paths_f32 150 "$python" -m pytest -q -p no:cacheprovider $xdist tests/test_fast_recurrences.py \
   -k "equals_reference and f32 and cuda"
+# the table goes into RESULTS.md's speed-cuda section there; that RESULTS.md comes back in OUT_DIR
 TAIL=40 step 2 bench 150 "$python" bench/recurrences.py --targets --repeats 3 --device cuda \
-  --markdown "$out/bench_cuda.md"
+  --markdown RESULTS.md --section speed-cuda
+cp RESULTS.md "$out/RESULTS.md"
 main_job() {
   "$python" -c "from recipes.mini_timit.corpus import ensure_corpus; ensure_corpus(log=lambda line: None)" || return
   local start=$SECONDS

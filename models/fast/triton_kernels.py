@@ -181,7 +181,9 @@ def gated_forward(proj, w_t, bias, h0, out, mask, keep1, keep2, scratch, counter
     """
     rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
     counter = counters + tl.program_id(1)  # the barrier of this block of rows
-    arrivals = tl.num_programs(0) * (2 if KIND == MGU else 1)  # per step
+    arrivals = tl.num_programs(0)  # at the barrier, per step
+    if KIND == MGU:
+        arrivals = arrivals * 2  # (two barriers a step)
     GH = G * H
     h = _load(_previous(out, h0, t_begin, B * H), rows, row_ok, units, unit_ok, H)  # own units of h_{t-1}
     if HAS_MASK:
@@ -245,13 +247,18 @@ def gated_forward(proj, w_t, bias, h0, out, mask, keep1, keep2, scratch, counter
                     _store(keep1 + t * B * GH, a0, rows, row_ok, units, unit_ok, GH)
                     _store(keep1 + t * B * GH + H, a1, rows, row_ok, units, unit_ok, GH)
             elif KIND == RNN_TANH or KIND == RNN_RELU:
-                h = _tanh(a0) if KIND == RNN_TANH else tl.maximum(a0, 0.0)
+                if KIND == RNN_TANH:
+                    h = _tanh(a0)
+                else:
+                    h = tl.maximum(a0, 0.0)
                 if HAS_MASK:
                     h = h * m
             elif KIND == GRU:  # n = tanh(p_n + r (U_n h + b_hn)), h_t = m n + z (h_{t-1} - m n)
                 r, z = _sigmoid(a0 + u0), _sigmoid(a1 + u1)
                 n = _tanh(a2 + r * u2)
-                dropped = n * m if HAS_MASK else n
+                dropped = n
+                if HAS_MASK:
+                    dropped = n * m
                 h = dropped + z * (h - dropped)
                 if TRAIN:
                     kept = keep1 + t * B * GH
@@ -264,7 +271,10 @@ def gated_forward(proj, w_t, bias, h0, out, mask, keep1, keep2, scratch, counter
                     _store(hidden + 2 * H, u2, rows, row_ok, units, unit_ok, GH)
             elif KIND == LSTM:  # c_t = f c_{t-1} + i m g, h_t = o tanh(c_t)
                 i, f, g, o = _sigmoid(a0), _sigmoid(a1), _tanh(a2), _sigmoid(a3)
-                c = f * c + i * (g * m if HAS_MASK else g)
+                candidate = g
+                if HAS_MASK:
+                    candidate = g * m
+                c = f * c + i * candidate
                 h = o * _tanh(c)
                 if TRAIN:
                     kept = keep1 + t * B * GH
@@ -300,7 +310,9 @@ def gated_backward(K, C, A, F, grad_out, w, da, g_state, dc_state, scratch, coun
     """
     rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
     counter = counters + tl.program_id(1)  # the barrier of this block of rows
-    arrivals = tl.num_programs(0) * (2 if KIND == MGU else 1)
+    arrivals = tl.num_programs(0)  # at the barrier, per step
+    if KIND == MGU:
+        arrivals = arrivals * 2  # (two barriers a step)
     GKH = GK * H
     g = _load(g_state, rows, row_ok, units, unit_ok, H)
     if KIND == LSTM:
@@ -367,7 +379,9 @@ def lbru_forward(proj, w_t, bias, h0, out, s_out, keep, hidden, counters, T, B, 
     counter = counters + tl.program_id(1)  # the barrier of this block of rows
     arrivals = tl.num_programs(0)
     GH = G * H
-    KW = GH if INPUT_GATE else GH - H  # the kept width
+    KW = GH  # the kept width: [a_z, a_r, q(, a_s)], or without a_r
+    if not INPUT_GATE:
+        KW = GH - H
     b_n = tl.load(bias + units, mask=unit_ok, other=0.0)[None, :]
     if t_begin > 0:  # a launch per step: the state from the last one's output (TRAIN)
         h = _load(out + (t_begin - 1) * B * H, rows, row_ok, units, unit_ok, H)

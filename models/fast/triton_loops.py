@@ -112,16 +112,20 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _blocks(B: int, H: int, device: torch.device, interpret: bool, whole: bool = False) -> tuple[int, int, int]:
-    """``(BLOCK_B, BLOCK_H, BLOCK_K)``. On a GPU the units are split into blocks of 8 or 16 (a program
-    each, about 16-70 programs at the sizes we train), rows into blocks of up to 32; the interpreter
-    takes all units in one program unless :data:`BLOCK_H` says otherwise, and always with ``whole``."""
+    """``(BLOCK_B, BLOCK_H, BLOCK_K)``. On a GPU the units are split into blocks of 8 (a program each:
+    32-69 programs at the sizes we train), or of more where that would be more programs than the GPU
+    has multiprocessors (they must all be resident for the barrier), rows into blocks of up to 32; the
+    interpreter takes all units in one program unless :data:`BLOCK_H` says otherwise, and always with
+    ``whole``."""
     block_b = min(max(triton_next_power_of_2(B), 2), 32)
     if BLOCK_H is not None and not (interpret and whole):
         block_h = BLOCK_H
     elif interpret:
         block_h = max(triton_next_power_of_2(H), 2)
     else:
-        block_h = 8 if H <= 1024 else 16
+        block_h = 8
+        while -(-H // block_h) > _sm_count(device) and block_h < 256:
+            block_h *= 2
     return block_b, block_h, BLOCK_K or (32 if interpret else 64)
 
 
