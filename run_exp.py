@@ -47,6 +47,7 @@ from bru_kaldi.config import Config, ConfigError, parse_config, parse_overrides,
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
 from bru_kaldi.machine import run_line
+from bru_kaldi.torch_state import run_settings
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters, trained_architectures
 from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, chance_frame_error,
                                 epoch_rate, epochs_since_best, evaluate, feature_columns, gradient_norm,
@@ -348,20 +349,19 @@ def run(argv=None) -> None:
     if dist.world > 1 and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
         torch.cuda.set_device(device)
-    elif dist.world > 1:  # share the cores between the processes instead of oversubscribing them
-        torch.set_num_threads(max(1, torch.get_num_threads() // dist.world))
-    # Gradients that decay through hundreds of frames reach subnormal floats, which x86 CPUs handle
-    # in microcode: flushing them to zero halved the backward pass of a Li-GRU step (they are < 1.2e-38).
-    torch.set_flush_denormal(True)
-    exp = Experiment(config.exp.out_folder)
-    if args.force and exp.folder.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
-        raise ConfigError(f"{config.source} [exp] out_folder = {exp.folder}: --force will not delete the working directory")
-    with exp.lock() if dist.main else nullcontext():  # one run per folder
-        if args.force and dist.main:
-            exp.clear()
-        dist.barrier()
-        setup_logging(exp.folder, dist.main)
-        run_stages(args, config, exp, device, dist, argv)
+    # Processes share the cores; subnormal floats (gradients decaying through hundreds of frames) run in microcode on
+    # x86, and flushing them halved a Li-GRU backward pass. Both are torch's for the process: put back at the end.
+    threads = max(1, torch.get_num_threads() // dist.world) if dist.world > 1 and device.type != "cuda" else None
+    with run_settings(threads=threads, flush_denormal=True):
+        exp = Experiment(config.exp.out_folder)
+        if args.force and exp.folder.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
+            raise ConfigError(f"{config.source} [exp] out_folder = {exp.folder}: --force will not delete the working directory")
+        with exp.lock() if dist.main else nullcontext():  # one run per folder
+            if args.force and dist.main:
+                exp.clear()
+            dist.barrier()
+            setup_logging(exp.folder, dist.main)
+            run_stages(args, config, exp, device, dist, argv)
 
 
 def run_stages(args, config: Config, exp: Experiment, device: torch.device, dist: Distributed, argv) -> None:

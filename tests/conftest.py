@@ -1,4 +1,7 @@
-"""Shared fixtures: a real Kaldi experiment (the built-in corpus, tiny size) built once per session."""
+"""Shared fixtures: a real Kaldi experiment (the built-in corpus, tiny size) built once per session, and
+a check after every test that it left torch's process-wide settings and the environment as it found them."""
+
+import os
 
 import pytest
 
@@ -26,3 +29,39 @@ def tiny_words(tmp_path_factory):
 
     return ensure_corpus(tmp_path_factory.mktemp("mini_timit_words"), size="tiny", seed=TINY_SEED, task="words",
                          log=lambda line: None)
+
+
+# Variables that are not a test's doing: pytest's own, and one that torch sets on its first import of
+# its compiler (which its optimisers import), whichever test comes first.
+_NOT_THE_TESTS = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
+
+
+def _process_state() -> dict:
+    from bru_kaldi.torch_state import torch_settings
+
+    return {**torch_settings(), "environment": {k: v for k, v in os.environ.items() if k not in _NOT_THE_TESTS}}
+
+
+@pytest.fixture(autouse=True)
+def leaves_the_process_as_it_found_it():
+    """Fails a test that changes torch's threads or denormal flushing, or the environment, without putting
+    them back: the tests after it would run under other numerics or settings than they do alone (a
+    monkeypatched variable is put back before this looks)."""
+    before = _process_state()
+    yield
+    after = _process_state()
+    changed = {key: (before[key], after[key]) for key in before if key != "environment" and before[key] != after[key]}
+    variables = sorted(set(before["environment"].items()) ^ set(after["environment"].items()))
+    if variables:
+        changed["environment"] = sorted({name for name, _ in variables})
+    assert not changed, f"the test left the process changed (before, after): {changed}"
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for a test (as a run with a config's device = cpu and few cores), put back after it."""
+    from bru_kaldi.torch_state import run_settings
+
+    with run_settings(threads=1):
+        yield
+

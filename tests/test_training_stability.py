@@ -48,12 +48,11 @@ def test_plain_rmsprop_first_step_is_several_times_lr():
 
 
 @pytest.fixture
-def tiny_run(tiny_corpus, tmp_path, monkeypatch):
+def tiny_run(tiny_corpus, tmp_path, monkeypatch, one_thread):
     """``run(*overrides)``: run_exp.main in this process on the tiny corpus, training only; returns
     (exit code, the experiment folder, the log text)."""
     monkeypatch.setenv("MINI_TIMIT", str(tiny_corpus.root))
     monkeypatch.setenv("BRU_TEST_EXP", str(tmp_path / "exp"))
-    torch.set_num_threads(1)
 
     def run(*overrides):
         code = run_exp.main([str(CFG), "--stop-stage", "train", "--exp,n_epochs_tr=2", *overrides])

@@ -19,8 +19,9 @@ GPU's multiprocessors. With ``SYNC = False`` a launch runs steps ``[t_begin, t_e
 kernel boundary being the barrier: that is how Triton's CPU interpreter, which runs programs one after
 another, tests a grid of several programs, one launch per step; with one program ``SYNC`` is harmless.
 
-Layouts are time-major and contiguous: outputs ``(T, B, H)`` and ``h0`` ``(B, H)``, projections ``(T, B, G*H)``, the recurrent matrix transposed ``w_t`` ``(H, G*H)`` forward and as
-it is ``w`` ``(G*H, H)`` backward.
+Layouts are time-major and contiguous: outputs ``(T, B, H)`` and ``h0`` ``(B, H)``, projections
+``(T, B, G*H)``, the recurrent matrix transposed ``w_t`` ``(H, G*H)`` forward and as it is ``w``
+``(G*H, H)`` backward.
 
 This file is executed twice by :mod:`models.fast.triton_loops`, once with ``INTERPRET = True`` (CPU
 tensors through Triton's interpreter) and once without; ``jit`` is the matching decorator. Every
@@ -220,9 +221,10 @@ def gated_forward(proj, w_t, bias, h0, out, mask, keep1, keep2, scratch, counter
             if G > 3:
                 a3 = _load(p_t + 3 * H, rows, row_ok, units, unit_ok, GH)
             if KIND == GRU:  # the reset gate multiplies U_n h + b_hn: keep the hidden part apart
-                u0 = tl.full((BLOCK_B, BLOCK_H), 0.0, dtype=h.dtype) + tl.load(bias + units, mask=unit_ok, other=0.0)[None, :]
-                u1 = tl.full((BLOCK_B, BLOCK_H), 0.0, dtype=h.dtype) + tl.load(bias + H + units, mask=unit_ok, other=0.0)[None, :]
-                u2 = tl.full((BLOCK_B, BLOCK_H), 0.0, dtype=h.dtype) + tl.load(bias + 2 * H + units, mask=unit_ok, other=0.0)[None, :]
+                zero = tl.full((BLOCK_B, BLOCK_H), 0.0, dtype=h.dtype)
+                u0 = zero + tl.load(bias + units, mask=unit_ok, other=0.0)[None, :]
+                u1 = zero + tl.load(bias + H + units, mask=unit_ok, other=0.0)[None, :]
+                u2 = zero + tl.load(bias + 2 * H + units, mask=unit_ok, other=0.0)[None, :]
                 u0, u1, u2, u3 = _gate_products(u0, u1, u2, u2, previous, rows, row_ok, w_t, GH, units, unit_ok, H, 3,
                                                 BLOCK_K)
             else:
