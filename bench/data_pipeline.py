@@ -152,7 +152,10 @@ def main():
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--keep", default="", help="build the corpus in this (new) folder and keep it")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: what the tests run, so that the bench cannot rot (numbers meaningless)")
     args = parser.parse_args()
+    if args.smoke:
+        args.utts, args.frames, args.speakers, args.n_chunks, args.seconds = 12, 40, 3, 2, 0.2
     print(" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]))
     device = torch.device(args.device)
     cpu = f"{platform.processor() or platform.machine()} CPU"

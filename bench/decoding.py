@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import config  # noqa: E402
-import decode  # noqa: E402
+from bru_kaldi import decoding as decode  # noqa: E402
+from bru_kaldi.config import Decoding  # noqa: E402
 from data_io import LoglikeWriter  # noqa: E402
 from recipes.mini_timit.corpus import ensure_corpus  # noqa: E402
 from recipes.mini_timit.local.check import read_alignments  # noqa: E402
@@ -61,7 +61,7 @@ def time_decode(corpus, scp: Path, text: Path, out: Path, jobs: int,
     """One decode_sets call (checks, pool start, decoding, scoring, writing): wall seconds, CPU seconds
     (this process and its workers, which the pool has reaped when decode_sets returns) and the result."""
     job = decode.DecodeJob("test", scp, corpus.graph, corpus.model, text, out)
-    decoding = config.Decoding(decoder="python", scoring="timit", acwt=acwt, num_jobs=jobs)
+    decoding = Decoding(decoder="python", scoring="timit", acwt=acwt, num_jobs=jobs)
     before, start = os.times(), time.perf_counter()
     result = decode.decode_sets([job], decoding, tune_on=None, log=lambda line: None)["test"]
     wall, after = time.perf_counter() - start, os.times()
@@ -80,7 +80,10 @@ def main() -> None:
     parser.add_argument("--acwt", type=float, default=1.0, help="acoustic scale")
     parser.add_argument("--repeats", type=int, default=3, help="timings per point (median kept)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: what the tests run, so that the bench cannot rot (numbers meaningless)")
     args = parser.parse_args()
+    if args.smoke:
+        args.size, args.jobs, args.utts, args.repeats = "tiny", [1, 2], ["2", "all"], 1
     print(" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"python {platform.python_version()}, {os.cpu_count()} CPU cores, load average {load:.2f} at start")

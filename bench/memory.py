@@ -53,7 +53,10 @@ def main() -> None:
     parser.add_argument("--utts", type=int, default=300, help="utterances of the small corpus (the large has 10x)")
     parser.add_argument("--frames", type=int, default=200, help="mean frames per utterance")
     parser.add_argument("--main-job", action="store_true", help="also measure python run_exp.py cfg/MINI_liBRU.cfg")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: what the tests run, so that the bench cannot rot (numbers meaningless)")
     args = parser.parse_args()
+    if args.smoke:
+        args.utts, args.frames = 6, 40
     sys.path.insert(0, str(ROOT / "bench"))
     from data_pipeline import build_corpus
 

