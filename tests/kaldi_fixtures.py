@@ -120,3 +120,18 @@ def build_corpus(root, num_utts: int = 12, speakers: int = 3, dims=(13, 5), seed
                 w.write(key, ali_of[key].tolist())
     return {"data": data, "ali": ali, "keys": keys, "utt2spk": utt2spk, "ali_of": ali_of,
             "phones_of": phones_of, "model": model, "khg": reference}
+
+
+def path_without_kaldi(path: str) -> str:
+    """``path`` (a PATH value) without the folders that hold one of the Kaldi binaries the decoder and
+    its scripts call: a test of what happens without Kaldi, or with stand-ins for it, arranges that
+    itself, also for a user who has sourced Kaldi's path.sh."""
+    import os
+
+    from bru_kaldi.decoding import KALDI_BINARIES
+
+    binaries = (*KALDI_BINARIES, "lattice-beam")
+    kept = [folder for folder in path.split(os.pathsep)
+            if not any(os.path.exists(os.path.join(folder, name)) for name in binaries)]
+    return os.pathsep.join(kept)
+

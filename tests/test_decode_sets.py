@@ -22,6 +22,7 @@ from bru_kaldi.decoding import kaldi_scripts, python_decoder
 from data_io import LoglikeWriter, log_priors
 from recipes.mini_timit.local.check import read_alignments
 from recipes.mini_timit.local.layout import read_table
+from tests.kaldi_fixtures import path_without_kaldi
 from bru_kaldi.kaldi.transition_model import read_transition_model
 
 OFF_PATH = float(np.log(1e-30))  # log posterior of every pdf but the aligned one, in the oracle
@@ -332,7 +333,7 @@ def kaldi_bin(tmp_path, monkeypatch):
         path = bin_dir / name
         path.write_text("#!/usr/bin/env bash\nset -euo pipefail\n" + body)
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", os.pathsep.join([str(bin_dir), os.environ["PATH"]]))
+    monkeypatch.setenv("PATH", os.pathsep.join([str(bin_dir), path_without_kaldi(os.environ["PATH"])]))
     return bin_dir
 
 

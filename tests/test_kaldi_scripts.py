@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kaldi_fixtures import path_without_kaldi
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "kaldi_decoding_scripts"
 DECODE, SCORE = SCRIPTS / "decode_dnn.sh", SCRIPTS / "score.sh"
@@ -22,7 +24,7 @@ DECODE, SCORE = SCRIPTS / "decode_dnn.sh", SCRIPTS / "score.sh"
 def run(script, *args, path_dirs=()):
     env = dict(os.environ)
     # a PATH without Kaldi (none is installed) plus the stand-ins
-    env["PATH"] = os.pathsep.join([*map(str, path_dirs), env["PATH"]])
+    env["PATH"] = os.pathsep.join([*map(str, path_dirs), path_without_kaldi(env["PATH"])])  # stand-ins only
     return subprocess.run(["bash", str(script), *map(str, args)], capture_output=True, text=True, env=env, timeout=60)
 
 
