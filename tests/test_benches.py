@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs every bench script
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 

@@ -338,6 +338,7 @@ def test_runs_on_clones_in_other_folders_are_seeds_of_one_system(tmp_path):
 
 
 # --------------------------------------------------------------------------- a sweep, killed and resumed
+@pytest.mark.slow
 def test_a_sweep_on_the_tiny_corpus_is_killed_and_resumes(tiny_corpus, tmp_path):
     ligru = tmp_path / "tiny_liGRU.cfg"
     ligru.write_text(TINY.read_text().replace("unit = libru", "unit = ligru"))
@@ -445,6 +446,7 @@ def test_the_same_override_in_two_architectures_names_the_system_once(tmp_path):
     assert [s.name for s in systems] == ["MINI_AB", "MINI_AB(opt_bias_correction=False)"]
 
 
+@pytest.mark.slow
 def test_a_terminated_sweep_stops_the_runs_it_started(tmp_path):
     """kill (SIGTERM) of the sweep ends its runs too, instead of leaving them to train unattended."""
     fake = tmp_path / "python"

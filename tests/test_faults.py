@@ -20,6 +20,8 @@ import torch
 from bru_kaldi.experiment import Experiment
 from tests.test_run_exp import CFG, NO_DECODE, ROOT, environment, run, weights
 
+pytestmark = pytest.mark.slow  # kills and resumes whole runs
+
 TRAIN_ONLY = ("--stop-stage", "train")
 
 

@@ -19,6 +19,8 @@ import torch
 
 from data_io import read_transition_model
 
+pytestmark = pytest.mark.slow  # runs run_exp.py end to end on the tiny corpus, many times
+
 ROOT = Path(__file__).resolve().parents[1]
 CFG = ROOT / "tests" / "data" / "tiny_liBRU.cfg"
 NO_DECODE = "--forward,require_decoding=False"

@@ -14,6 +14,8 @@ import run_exp
 from bru_kaldi.training import chance_frame_error
 from data_io import read_counts
 
+pytestmark = pytest.mark.slow  # trains every unit at three seeds
+
 ROOT = Path(__file__).resolve().parents[1]
 CFG = ROOT / "tests" / "data" / "tiny_liBRU.cfg"
 # the optimiser of cfg/MINI_*.cfg: RMSprop at 0.002, alpha 0.95; the square average bias-corrected as in

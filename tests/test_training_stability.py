@@ -15,6 +15,8 @@ import torch
 import run_exp
 from bru_kaldi.training import BiasCorrectedRMSprop, warmup
 
+pytestmark = pytest.mark.slow  # trains on the tiny corpus in-process
+
 ROOT = Path(__file__).resolve().parents[1]
 CFG = ROOT / "tests" / "data" / "tiny_liBRU.cfg"
 

@@ -19,6 +19,8 @@ from models.recurrent import set_implementation
 from tests.test_fast_recurrences import FAST_VARIANTS, _compare, use_backend
 from tests.unit_variants import make_layer, variant_id
 
+pytestmark = pytest.mark.slow  # the Triton kernels through Triton's interpreter, which is slow
+
 CASES = [(u, o, dt) for u, o in FAST_VARIANTS for dt in (torch.float64, torch.float32)]
 # The units whose kernels have a recurrent matrix, and so programs that split the hidden units.
 MATRIX_VARIANTS = [(u, o) for u, o in FAST_VARIANTS if u != "ubru"]
@@ -69,10 +71,11 @@ def test_every_fast_path_runs_the_kernels(unit, options, interpreted):
     forward, backward = kernels.get(unit, ("gated_forward", "gated_backward"))
     launches = _launches(unit, options, train=True)
     assert launches.get(forward, 0) >= 2 and launches.get(backward, 0) >= 2, launches
-    if options.get("backward") == "kalman":
-        assert launches.get("kalman_smoother") == 2 and launches.get("kalman_smoother_backward") == 2, launches
-    assert set(_launches(unit, options, train=False)) == {forward} | ({"kalman_smoother"} if "kalman" in
-                                                                      options.values() else set())
+    extra = {"kalman": "kalman_smoother", "layer": "matrix_forward"}.get(options.get("backward"))
+    if extra:  # the backward recursion (UBRU eq. 21; LBRU eq. 78), one kernel each way and direction
+        backward_extra = extra.replace("forward", "backward") if extra.endswith("forward") else extra + "_backward"
+        assert launches.get(extra, 0) >= 2 and launches.get(backward_extra, 0) >= 2, launches
+    assert set(_launches(unit, options, train=False)) == {forward} | ({extra} if extra else set())
 
 
 def test_auto_mode_falls_back_once_with_a_warning(monkeypatch):

@@ -11,7 +11,8 @@ Every recursion here is one of a few forms, each a ``torch.autograd.Function``:
   gamma, ``gamma_t = A_t gamma_{t+1} + B_t`` with ``|A_t| <= 1`` (contractive).
 * :class:`LinearRecurrence` ``y_t = A_t y_{t+-1} + B_t``: the Kalman pass where :class:`KalmanSmoother`
   does not run (off the CPU), and there the gradients of the recursions above.
-* :class:`MatrixRecurrence` ``y_t = A_t (W y_{t+1} + b) + (1 - A_t) h_t``: the TPAMI layer-wise smoothing (eq. 78).
+* :class:`MatrixRecurrence` ``y_t = A_t (W y_{t+1} + b) + (1 - A_t) h_t``: the TPAMI layer-wise smoothing (eq. 78),
+  a recursion with a matrix: TorchScript loops on the CPU, the Triton kernels' on a GPU.
 
 On the CPU the nonlinear forms run in the C++ kernels (:mod:`models.fast.native`): one call per pass, the
 time loop inside, the threads splitting the units (every unit's recursion is independent). They are
@@ -22,7 +23,7 @@ the Triton kernels (:class:`models.fast.triton_loops.ScanOps`, the same signatur
 block of units per program with the time loop inside. Elsewhere (no compiler, no Triton) they run as
 TorchScript loops: the nonlinear form four kernels a step, the linear form as a two-level (chunked)
 scan, ``~2 sqrt(T)`` small steps instead of ``T`` (:func:`_chunked`), since there the cost is the
-launches; the layer-wise smoothing (:class:`MatrixRecurrence`) runs so on a GPU too.
+launches.
 
 Layout: time-major ``(T, B, H)``. Padding is the caller's job: a frame where a backward recursion
 restarts gets ``A_t = 0``.
@@ -246,13 +247,19 @@ class MatrixRecurrence(torch.autograd.Function):
 
     Shapes: ``A``, ``h`` ``(T, B, H)``, ``weight`` ``(H, H)``, ``bias`` ``(H,)`` -> ``(T, B, H)``. The
     interpolation is inside, not an input ``(1 - A) h``, so that autograd keeps no copy of ``1 - A``.
-    Both loops are TorchScript on every device (two kernels a step; the product dominates).
+    Both loops are TorchScript (two kernels a step; the product dominates), or on a GPU one Triton kernel each
+    (``triton_kernels.matrix_forward`` and ``matrix_backward``: the programs split the units, a barrier a step).
     """
 
     @staticmethod
     def forward(ctx, A, h, weight, bias):
-        y, lin = torch.empty_like(h), torch.empty_like(h)  # lin = W y_{t+1} + b, kept for backward
-        _matrix_loop(A, h, weight.t(), bias, y, lin)
+        kernels = triton_loops.route(h)
+        result = None if kernels is None else triton_loops.matrix_forward(kernels, A, h, weight, bias)
+        if result is not None:
+            y, lin = result  # lin = W y_{t+1} + b, kept for backward
+        else:
+            y, lin = torch.empty_like(h), torch.empty_like(h)
+            _matrix_loop(A, h, weight.t(), bias, y, lin)
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(A, h, weight, y, lin)
         return y
@@ -261,8 +268,13 @@ class MatrixRecurrence(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_y):
         A, h, weight, y, lin = ctx.saved_tensors
-        G = torch.empty_like(h)  # dL/dy_t, everything included
-        GA = torch.empty_like(h)  # G_t * A_t = dL/d(W y_{t+1} + b)
-        _matrix_backward_loop(A, grad_y.contiguous(), weight, G, GA)
+        kernels = triton_loops.route(h)
+        result = None if kernels is None else triton_loops.matrix_backward(kernels, A, grad_y, weight)
+        if result is not None:
+            G, GA = result
+        else:
+            G = torch.empty_like(h)  # dL/dy_t, everything included
+            GA = torch.empty_like(h)  # G_t * A_t = dL/d(W y_{t+1} + b)
+            _matrix_backward_loop(A, grad_y.contiguous(), weight, G, GA)
         grad_weight = GA[:-1].flatten(0, 1).t().mm(y[1:].flatten(0, 1))
         return G * (lin - h), G - GA, grad_weight, GA.sum((0, 1))

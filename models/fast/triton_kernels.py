@@ -563,3 +563,46 @@ def kalman_smoother_backward(grad, x, k, last, gamma, grad_x, grad_k, N, T, H, B
         carried = tl.where(inside, (s0 - s1) * g, 0.0)
     tl.store(grad_k + n, sum0, mask=ok)
     tl.store(grad_k + N + n, sum1, mask=ok)
+
+
+# --------------------------------------------------------------------------- the layer-wise smoothing
+@jit
+def matrix_forward(A, h, w_t, bias, y, lin, counters, T, B, H, row0, t_begin, t_end, SYNC: tl.constexpr,
+                   BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    """TPAMI eq. 78 as :func:`models.fast.scans._matrix_loop`, backwards in time, steps ``t_end - 1`` down to
+    ``t_begin``: ``lin_t = W y_{t+1} + b`` (``b`` at the last frame, ``y_T = 0``), ``y_t = h_t + A_t (lin_t - h_t)``;
+    ``A``, ``h``, ``y``, ``lin`` ``(T, B, H)``, ``w_t`` the matrix transposed."""
+    rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
+    counter = counters + tl.program_id(1)  # the barrier of this block of rows
+    arrivals = tl.num_programs(0)
+    bias_row = tl.load(bias + units, mask=unit_ok, other=0.0)[None, :]
+    for step in range(0, t_end - t_begin):
+        t = t_end - 1 - step
+        here = t * B * H
+        h_t = _load(h + here, rows, row_ok, units, unit_ok, H)
+        linear = h_t * 0.0 + bias_row
+        if t < T - 1:  # every program's y_{t+1}
+            linear = _product(linear, y + here + B * H, H, rows, row_ok, w_t, H, units, unit_ok, H, BLOCK_K)
+        _store(lin + here, linear, rows, row_ok, units, unit_ok, H)
+        _store(y + here, h_t + _load(A + here, rows, row_ok, units, unit_ok, H) * (linear - h_t), rows, row_ok,
+               units, unit_ok, H)
+        _sync(counter, arrivals * (step + 1), SYNC)
+
+
+@jit
+def matrix_backward(A, grad_y, w, G, GA, counters, T, B, H, row0, t_begin, t_end, SYNC: tl.constexpr,
+                    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The transposed recursion of :func:`matrix_forward`, forwards in time as
+    :func:`models.fast.scans._matrix_backward_loop`: ``G_t = grad_y_t + GA_{t-1} W`` (``grad_y_0`` at the first
+    frame), ``GA_t = G_t A_t``."""
+    rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
+    counter = counters + tl.program_id(1)  # the barrier of this block of rows
+    arrivals = tl.num_programs(0)
+    for t in range(t_begin, t_end):
+        here = t * B * H
+        g = _load(grad_y + here, rows, row_ok, units, unit_ok, H)
+        if t > 0:  # every program's GA_{t-1}
+            g = _product(g, GA + here - B * H, H, rows, row_ok, w, H, units, unit_ok, H, BLOCK_K)
+        _store(G + here, g, rows, row_ok, units, unit_ok, H)
+        _store(GA + here, g * _load(A + here, rows, row_ok, units, unit_ok, H), rows, row_ok, units, unit_ok, H)
+        _sync(counter, arrivals * (t - t_begin + 1), SYNC)

@@ -134,12 +134,15 @@ def triton_next_power_of_2(n: int) -> int:
 
 
 def _launch(kernels, kernel, steps: int, B: int, H: int, device, interpret: bool, args: tuple, whole: bool,
-            **constants):
+            backwards: bool = False, finish: bool = False, **constants):
     """Launch ``kernel`` over ``steps`` steps: one launch with the barrier where all of its programs are
     resident at once, else (the interpreter with several unit blocks) one launch per step without it.
     Row blocks beyond what the GPU holds at once run as separate launches (rows are independent).
     ``whole``: the interpreter keeps all units in one program (a step that cannot be cut in launches:
-    the MGU's two products, the LSTM's cell carried in registers without ``TRAIN``)."""
+    the MGU's two products, the LSTM's cell carried in registers without ``TRAIN``). ``backwards``: the
+    kernel runs its steps from the last frame down (a launch per step goes the same way), ``finish``:
+    and ends with a product of its own after step 0, which a launch per step makes alone (``t_begin =
+    t_end = 0``)."""
     block_b, block_h, block_k = _blocks(B, H, device, interpret, whole)
     unit_blocks = -(-H // block_h)
     row_blocks = -(-B // block_b)
@@ -155,8 +158,8 @@ def _launch(kernels, kernel, steps: int, B: int, H: int, device, interpret: bool
     for first in range(0, row_blocks, per_launch):
         grid = (unit_blocks, min(per_launch, row_blocks - first))
         spans = [(t, t + 1) for t in range(steps)] if stepwise else [(0, steps)]
-        if kernel in (kernels.gated_backward, kernels.lbru_backward):  # backwards in time, then dL/dh_0 alone
-            spans = spans[::-1] + ([(0, 0)] if stepwise else [])
+        if backwards:
+            spans = spans[::-1] + ([(0, 0)] if stepwise and finish else [])
         for t_begin, t_end in spans:
             LAUNCHES[kernel.fn.__name__] += 1
             kernel[grid](*args, counters[first:], steps, B, H, first * block_b, t_begin, t_end, **meta)
@@ -216,7 +219,8 @@ def sequential_backward(kernels, kind: str, K, C, grad_out, weight, A=None, F=No
     given = lambda t: t.contiguous() if t is not None else empty  # noqa: E731
     args = (given(K), given(C), given(A), given(F), grad_out, weight.contiguous(), da, g_state, dc_state, empty)
     try:
-        _launch(kernels, kernels.gated_backward, T, B, H, grad_out.device, interpret, args, kind == "mgu", KIND=kind_number,
+        _launch(kernels, kernels.gated_backward, T, B, H, grad_out.device, interpret, args, kind == "mgu",
+                backwards=True, finish=True, KIND=kind_number,
                 G=weight.size(0) // H, GK=K.size(2) // H, HAS_C=C is not None)
     except Exception as error:
         _give_up(grad_out, error)
@@ -256,11 +260,40 @@ def lbru_backward(kernels, P, M, C, grad_h, weight, du, G):
     args = (P.contiguous(), M.contiguous(), C.contiguous(), grad_h, weight.contiguous(), du, G, state)
     try:
         _launch(kernels, kernels.lbru_backward, T, B, H, grad_h.device, kernels.INTERPRET, args, False,
-                G=du.size(2) // H)
+                backwards=True, finish=True, G=du.size(2) // H)
     except Exception as error:
         _give_up(grad_h, error)
         return None
     return state
+
+
+# --------------------------------------------------------------------------- the layer-wise smoothing
+def matrix_forward(kernels, A, h, weight, bias):
+    """``(y, lin)`` of :class:`models.fast.scans.MatrixRecurrence` (``lin = W y_{t+1} + b``, kept for backward),
+    or ``None`` where the kernel cannot be built."""
+    T, B, H = h.shape
+    y, lin = torch.empty_like(h), torch.empty_like(h)
+    args = (A.contiguous(), h.contiguous(), weight.t().contiguous(), bias.contiguous(), y, lin)
+    try:
+        _launch(kernels, kernels.matrix_forward, T, B, H, h.device, kernels.INTERPRET, args, False, backwards=True)
+    except Exception as error:
+        _give_up(h, error)
+        return None
+    return y, lin
+
+
+def matrix_backward(kernels, A, grad_y, weight):
+    """``(G, GA)`` of :meth:`models.fast.scans.MatrixRecurrence.backward` (``dL/dy_t`` and ``G_t A_t``), or
+    ``None`` where the kernel cannot be built."""
+    T, B, H = grad_y.shape
+    G, GA = torch.empty_like(grad_y), torch.empty_like(grad_y)
+    args = (A.contiguous(), grad_y.contiguous(), weight.contiguous(), G, GA)
+    try:
+        _launch(kernels, kernels.matrix_backward, T, B, H, grad_y.device, kernels.INTERPRET, args, False)
+    except Exception as error:
+        _give_up(grad_y, error)
+        return None
+    return G, GA
 
 
 # --------------------------------------------------------------------------- elementwise recursions
