@@ -93,11 +93,15 @@ def _sync(counter, target, SYNC: tl.constexpr):
 
 
 @jit
-def _block(row0, B, H, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr):
-    """This program's batch rows and hidden units (axis 1 and 0 of the grid), and which of them exist."""
+def _block(row0, B, H, counters, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, TWO_BARRIERS: tl.constexpr):
+    """This program's batch rows and hidden units (axis 1 and 0 of the grid), which of them exist, the
+    counter of its block of rows' barrier, and the arrivals there per step (two barriers a step, or one)."""
     rows = row0 + tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     units = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
-    return rows, units, rows < B, units < H
+    arrivals = tl.num_programs(0)
+    if TWO_BARRIERS:
+        arrivals = arrivals * 2
+    return rows, units, rows < B, units < H, counters + tl.program_id(1), arrivals
 
 
 @jit
@@ -180,11 +184,7 @@ def gated_forward(proj, w_t, bias, h0, out, mask, keep1, keep2, scratch, counter
     ``bias`` is ``b_hh`` (GRU only; the LSTM's is in ``proj``), ``mask`` the candidate mask ``(B, H)``
     (``HAS_MASK``), ``scratch`` ``(2, B, H)`` the MGU's ``f h_{t-1}``, shared between programs.
     """
-    rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
-    counter = counters + tl.program_id(1)  # the barrier of this block of rows
-    arrivals = tl.num_programs(0)  # at the barrier, per step
-    if KIND == MGU:
-        arrivals = arrivals * 2  # (two barriers a step)
+    rows, units, row_ok, unit_ok, counter, arrivals = _block(row0, B, H, counters, BLOCK_B, BLOCK_H, KIND == MGU)
     GH = G * H
     h = _load(_previous(out, h0, t_begin, B * H), rows, row_ok, units, unit_ok, H)  # own units of h_{t-1}
     if HAS_MASK:
@@ -310,11 +310,7 @@ def gated_backward(K, C, A, F, grad_out, w, da, g_state, dc_state, scratch, coun
     ``da_h = K_h g``, barrier, ``ds = da_h @ U_h``, ``da_f = K_f g + K_s ds``, barrier,
     ``g <- grad_out_{t-1} + C g + F ds + da_f @ U_f``, with ``g_state`` carrying ``g`` in and out.
     """
-    rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
-    counter = counters + tl.program_id(1)  # the barrier of this block of rows
-    arrivals = tl.num_programs(0)  # at the barrier, per step
-    if KIND == MGU:
-        arrivals = arrivals * 2  # (two barriers a step)
+    rows, units, row_ok, unit_ok, counter, arrivals = _block(row0, B, H, counters, BLOCK_B, BLOCK_H, KIND == MGU)
     GKH = GK * H
     g = _load(g_state, rows, row_ok, units, unit_ok, H)
     if KIND == LSTM:
@@ -377,9 +373,7 @@ def lbru_forward(proj, w_t, bias, h0, out, s_out, keep, hidden, counters, T, B, 
     ``q = p_n + z_{t-1} (u_n + b)``, ``h_t = n + r (h_{t-1} - n)`` (``n`` without the input gate). With ``TRAIN``
     it keeps ``hidden[t] = u_n + b`` and ``keep[t]`` = the pre-activations ``[a_z, a_r, q(, a_s)]``, or
     ``[a_z, q(, a_s)]`` without the input gate."""
-    rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
-    counter = counters + tl.program_id(1)  # the barrier of this block of rows
-    arrivals = tl.num_programs(0)
+    rows, units, row_ok, unit_ok, counter, arrivals = _block(row0, B, H, counters, BLOCK_B, BLOCK_H, False)
     GH = G * H
     KW = GH  # the kept width: [a_z, a_r, q(, a_s)], or without a_r
     if not INPUT_GATE:
@@ -435,9 +429,7 @@ def lbru_backward(P, M, C, grad_h, w, du, G_out, g_state, counters, T, B, H, row
     ``[du_r, du_n][t] = g_t P_t`` (``P`` ``(T, B, 2, H)``; ``du`` ``(T, B, G*H)``, its ``s`` slot filled by the
     caller), then the barrier. ``g_state`` carries ``g_{t_end}`` in and ``g_{t_begin}`` out, and
     ``dL/dh_0 = C_0 g_0 + du_0 @ w`` after step 0."""
-    rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
-    counter = counters + tl.program_id(1)  # the barrier of this block of rows
-    arrivals = tl.num_programs(0)
+    rows, units, row_ok, unit_ok, counter, arrivals = _block(row0, B, H, counters, BLOCK_B, BLOCK_H, False)
     GH = G * H
     g = _load(g_state, rows, row_ok, units, unit_ok, H)
     for step in range(0, t_end - t_begin):
@@ -572,9 +564,7 @@ def matrix_forward(A, h, w_t, bias, y, lin, counters, T, B, H, row0, t_begin, t_
     """TPAMI eq. 78 as :func:`models.fast.scans._matrix_loop`, backwards in time, steps ``t_end - 1`` down to
     ``t_begin``: ``lin_t = W y_{t+1} + b`` (``b`` at the last frame, ``y_T = 0``), ``y_t = h_t + A_t (lin_t - h_t)``;
     ``A``, ``h``, ``y``, ``lin`` ``(T, B, H)``, ``w_t`` the matrix transposed."""
-    rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
-    counter = counters + tl.program_id(1)  # the barrier of this block of rows
-    arrivals = tl.num_programs(0)
+    rows, units, row_ok, unit_ok, counter, arrivals = _block(row0, B, H, counters, BLOCK_B, BLOCK_H, False)
     bias_row = tl.load(bias + units, mask=unit_ok, other=0.0)[None, :]
     for step in range(0, t_end - t_begin):
         t = t_end - 1 - step
@@ -595,9 +585,7 @@ def matrix_backward(A, grad_y, w, G, GA, counters, T, B, H, row0, t_begin, t_end
     """The transposed recursion of :func:`matrix_forward`, forwards in time as
     :func:`models.fast.scans._matrix_backward_loop`: ``G_t = grad_y_t + GA_{t-1} W`` (``grad_y_0`` at the first
     frame), ``GA_t = G_t A_t``."""
-    rows, units, row_ok, unit_ok = _block(row0, B, H, BLOCK_B, BLOCK_H)
-    counter = counters + tl.program_id(1)  # the barrier of this block of rows
-    arrivals = tl.num_programs(0)
+    rows, units, row_ok, unit_ok, counter, arrivals = _block(row0, B, H, counters, BLOCK_B, BLOCK_H, False)
     for t in range(t_begin, t_end):
         here = t * B * H
         g = _load(grad_y + here, rows, row_ok, units, unit_ok, H)
