@@ -379,7 +379,7 @@ def run_stages(args, config: Config, exp: Experiment, device: torch.device, dist
         log.info("built-in corpus (%s, %s task) in %s", config.exp.builtin_corpus, config.exp.builtin_corpus_task,
                  config.exp.builtin_corpus_dir)
         ensure_builtin_corpus(config.exp.builtin_corpus_dir, size=config.exp.builtin_corpus, seed=1, log=log.info,
-                              task=config.exp.builtin_corpus_task)
+                              task=config.exp.builtin_corpus_task, replace=True)  # another size is rebuilt
     dist.barrier()
 
     model_dir = Path(args.model) if args.model else exp.folder

@@ -7,8 +7,8 @@ this contract, which is also what a user types by hand::
     bash recipes/mini_timit/run.sh [--task words] --size SIZE --seed SEED ROOT
 
 ``run.sh`` builds the stages that are missing into ``ROOT/data`` and ``ROOT/exp``, returns at once when
-all are complete, refuses a ``ROOT`` built with another size or seed, and exits non-zero on any
-failure. Its output goes to the experiment's log line by line. To make another corpus built-in, give
+all are complete, refuses a ``ROOT`` built with another size, seed or layout (or with ``--replace true``
+clears it and builds anew), and exits non-zero on any failure. Its output goes to the experiment's log line by line. To make another corpus built-in, give
 its recipe a ``run.sh`` with the same options and point :data:`RECIPE` at it (``recipes/README.md``).
 """
 
@@ -31,12 +31,13 @@ class BuiltinCorpusError(RuntimeError):
 
 
 def ensure_builtin_corpus(root, size: str = "default", seed: int = 1, log: Callable[[str], None] = print,
-                          recipe: Path = RECIPE, task: str = "phones") -> Path:
+                          recipe: Path = RECIPE, task: str = "phones", replace: bool = False) -> Path:
     """Build what is missing of the built-in corpus under ``root`` with ``recipe/run.sh``; returns ``root``.
 
     ``task`` is ``phones`` (the default) or ``words`` (``run.sh --task words``: the word task's stages,
     after the shared ones). Every line the recipe prints reaches ``log`` as it comes (a first build
-    takes about a minute, the word task about 90 s more).
+    takes about a minute, the word task about 90 s more). ``replace``: a corpus of another size, seed or
+    layout in ``root`` is removed and this one built (``run.sh --replace true``), instead of an error.
     """
     if size not in SIZES:
         raise ValueError(f"the built-in corpus has sizes {', '.join(SIZES)}, got {size!r}")
@@ -44,7 +45,7 @@ def ensure_builtin_corpus(root, size: str = "default", seed: int = 1, log: Calla
         raise ValueError(f"the built-in corpus has tasks {', '.join(TASKS)}, got {task!r}")
     root = Path(root)
     command = ["bash", str(recipe / "run.sh"), *(["--task", task] if task != "phones" else []), "--size", size,
-               "--seed", str(seed), str(root)]
+               "--seed", str(seed), *(["--replace", "true"] if replace else []), str(root)]
     lines: list[str] = []
     root.mkdir(parents=True, exist_ok=True)
     # runs started together (compare.py sweep --jobs) build it once: the others wait, then find it complete

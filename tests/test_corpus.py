@@ -262,6 +262,22 @@ def test_the_core_of_dev_is_a_data_dir_of_its_first_speakers(tmp_path, tiny_corp
     assert (tiny_corpus.root / "exp" / f"mono_ali_{layout.CORE}" / "ali.1.gz").is_file()
 
 
+@pytest.mark.slow
+def test_run_exp_replaces_a_corpus_of_another_seed_where_the_recipe_alone_refuses(tmp_path):
+    """``run_exp.py``'s hook passes ``--replace true``: trying the tiny size, or another seed, in the folder of
+    the main command's corpus must not leave the user a folder to delete by hand."""
+    from bru_kaldi.builtin_corpus import BuiltinCorpusError, ensure_builtin_corpus
+
+    root = tmp_path / "mini_timit"
+    ensure_builtin_corpus(root, size="tiny", seed=1, log=lambda line: None)
+    with pytest.raises(BuiltinCorpusError, match="built with size=tiny seed=1"):
+        ensure_builtin_corpus(root, size="tiny", seed=2, log=lambda line: None)
+    lines = []
+    ensure_builtin_corpus(root, size="tiny", seed=2, log=lines.append, replace=True)
+    assert any("--replace true: removing" in line for line in lines), lines
+    assert layout.stage_is_complete(root, 6, "tiny", 2)
+
+
 def test_run_sh_usage_shellcheck_and_skipping(tiny_corpus):
     run_sh = RECIPE_DIR / "run.sh"
     result = subprocess.run(["bash", str(run_sh), "--no-such-option"], capture_output=True, text=True)

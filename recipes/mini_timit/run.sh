@@ -25,6 +25,7 @@ stop_stage=6
 size=default    # default: ~1 hour of training speech; tiny: for tests
 seed=1
 task=phones     # phones: phone recognition (TIMIT-like); words: word recognition (WSJ-like)
+replace=false   # true: a <root> built with another size, seed or layout is cleared and built anew
 # End configuration section.
 
 set -euo pipefail
@@ -42,6 +43,8 @@ Options (defaults in brackets):
   --stop-stage N   [$stop_stage]     last stage to run (0-6)
   --size S         [$size]  default or tiny
   --seed N         [$seed]     seed of every random choice
+  --replace B      [$replace]  true: clear a <root> built with another size, seed or layout (its data/ and
+                   exp/, all generated here) and build this one; false: stop, saying so
 USAGE
   exit 1
 }
@@ -52,6 +55,7 @@ USAGE
 case "$stage$stop_stage" in *[!0-9]*|'') echo "$0: Error: --stage and --stop-stage take integers" >&2; usage ;; esac
 case "$seed" in *[!0-9]*|'') echo "$0: Error: --seed takes a non-negative integer" >&2; usage ;; esac
 case "$size" in default|tiny) ;; *) echo "$0: Error: --size is default or tiny, not $size" >&2; usage ;; esac
+case "$replace" in true|false) ;; *) echo "$0: Error: --replace is true or false, not $replace" >&2; usage ;; esac
 case "$task" in
   phones) stages=(prepare_text synthesize make_features prepare_lang make_mono make_graph check) ;;
   words) stages=(prepare_text synthesize make_features prepare_lang_words make_mono_words make_graph_words check_words) ;;
@@ -71,9 +75,19 @@ log() {
 }
 
 # Complete stages are skipped here, quietly, without starting their modules (each stage module would
-# also skip itself); a corpus built with another size or seed stops the recipe with the reason.
-first=$(cd "$repo_root" && PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}" \
-  "$python" -m recipes.mini_timit.local.layout --task "$task" --size "$size" --seed "$seed" "$root")
+# also skip itself); a corpus built with another size, seed or layout stops the recipe with the reason,
+# or with --replace true is removed first.
+first_incomplete() {
+  (cd "$repo_root" && PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}" \
+    "$python" -m recipes.mini_timit.local.layout --task "$task" --size "$size" --seed "$seed" "$root")
+}
+if ! first=$(first_incomplete 2>&1); then
+  [ "$replace" = true ] || { echo "$first" >&2; exit 1; }
+  log "$first"
+  log "--replace true: removing $root/data and $root/exp to build size $size, seed $seed there instead"
+  rm -rf "$root/data" "$root/exp"
+  first=$(first_incomplete)
+fi
 if [ "$first" -gt "$stage" ]; then
   if [ "$first" -gt "$stop_stage" ]; then
     log "Stages $stage-$stop_stage are complete in $root (task $task, size $size, seed $seed): nothing to do"
