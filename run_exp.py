@@ -40,10 +40,10 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from bru_kaldi import decoding, pytorch_kaldi
+from bru_kaldi import decoding
 from bru_kaldi.atomic import WriteError, write_atomically
 from bru_kaldi.builtin_corpus import BuiltinCorpusError, ensure_builtin_corpus
-from bru_kaldi.config import Config, ConfigError, parse_config, parse_overrides, write_resolved
+from bru_kaldi.config import Config, ConfigError, convert_pytorch_kaldi, parse_config, parse_overrides, write_resolved
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
 from bru_kaldi.machine import run_line
@@ -341,7 +341,7 @@ def parse_arguments(argv):
 def run(argv=None) -> None:
     args, overrides = parse_arguments(argv)
     if args.convert:
-        return print(pytorch_kaldi.convert(args.config, parse_overrides(overrides)))
+        return print(convert_pytorch_kaldi(args.config, parse_overrides(overrides)))
     config = parse_config(args.config, overrides)
     check_architectures(config)  # every unit and its options, before anything runs
     device = pick_device(config)

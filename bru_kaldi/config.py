@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from bru_kaldi import pytorch_kaldi  # pytorch-kaldi's vocabulary, translated into ours before it is read
 from bru_kaldi.atomic import write_text_atomically
 from bru_kaldi.builtin_corpus import SIZES as BUILTIN_SIZES
 from bru_kaldi.builtin_corpus import TASKS as BUILTIN_TASKS
@@ -494,8 +495,6 @@ def parse_config(path, overrides: Sequence[str] = ()) -> Config:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     text = path.read_text()
-    from bru_kaldi import pytorch_kaldi  # it builds on this module
-
     if pytorch_kaldi.is_pytorch_kaldi(text):  # pytorch-kaldi's own vocabulary: translated to ours, then read
         try:
             text, notes = pytorch_kaldi.translate(text, str(path), parse_overrides(overrides))
@@ -505,6 +504,23 @@ def parse_config(path, overrides: Sequence[str] = ()) -> Config:
         config.notes = notes
         return config
     return parse_config_text(text, parse_overrides(overrides), source=str(path))
+
+
+def convert_pytorch_kaldi(path, overrides: Sequence[tuple[str, str, str]] = ()) -> str:
+    """The native config text of pytorch-kaldi config file ``path``, its notes as comments on top
+    (``run_exp.py --convert``). Raises ConfigError for a missing, native or unsupported config."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text()
+    if not pytorch_kaldi.is_pytorch_kaldi(text):
+        raise ConfigError(f"{path}: already in our native vocabulary (no [cfg_proto], arch_class or [model] model=)")
+    try:
+        native, notes = pytorch_kaldi.translate(text, str(path), overrides)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    header = [f"# {path}, translated from pytorch-kaldi's vocabulary"] + [f"# {note}" for note in dict.fromkeys(notes)]
+    return "\n".join(header) + "\n" + native
 
 
 # --------------------------------------------------------------------------- cross-section checks

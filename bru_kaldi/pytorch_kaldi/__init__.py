@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import configparser
 import re
-from pathlib import Path
 from typing import Sequence
 
 from bru_kaldi.pytorch_kaldi.architectures import translate_architecture
@@ -101,25 +100,6 @@ def translate(text: str, source: str = "<string>", overrides: Sequence[tuple[str
     units = {a.options.get("unit") for a in archs.values()}
     notes += [line for key, line in DIFFERENCES.items() if key in units or key == "all" or (key == "mse" and network.mse_arch)]
     return _write(out, archs, network), notes
-
-
-def convert(path, overrides: Sequence[tuple[str, str, str]] = ()) -> str:
-    """The native config text of pytorch-kaldi config file ``path``, its notes as comments on top
-    (``run_exp.py --convert``). Raises ConfigError for a missing, native or unsupported config."""
-    from bru_kaldi.config import ConfigError
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
-    if not is_pytorch_kaldi(text):
-        raise ConfigError(f"{path}: already in our native vocabulary (no [cfg_proto], arch_class or [model] model=)")
-    try:
-        native, notes = translate(text, str(path), overrides)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    header = [f"# {path}, translated from pytorch-kaldi's vocabulary"] + [f"# {note}" for note in dict.fromkeys(notes)]
-    return "\n".join(header) + "\n" + native
 
 
 def _network(network, archs: dict, out: dict, where: str, problems: list) -> None:
