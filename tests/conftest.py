@@ -31,9 +31,10 @@ def tiny_words(tmp_path_factory):
                          log=lambda line: None)
 
 
-# Variables that are not a test's doing: pytest's own, and one that torch sets on its first import of
-# its compiler (which its optimisers import), whichever test comes first.
-_NOT_THE_TESTS = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
+# Variables that are not a test's doing: pytest's own, and those torch sets once per process, whichever
+# test comes first: on the first import of its compiler (which its optimisers import), and on a GPU
+# when CUDA starts.
+_NOT_THE_TESTS = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "CUDA_MODULE_LOADING"}
 
 
 def _process_state() -> dict:
