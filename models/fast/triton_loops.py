@@ -117,11 +117,11 @@ def _blocks(B: int, H: int, device: torch.device, interpret: bool, whole: bool =
     has multiprocessors (they must all be resident for the barrier), rows into blocks of up to 32; the
     interpreter takes all units in one program unless :data:`BLOCK_H` says otherwise, and always with
     ``whole``."""
-    block_b = min(max(triton_next_power_of_2(B), 2), 32)
+    block_b = min(max(_next_power_of_2(B), 2), 32)
     if BLOCK_H is not None and not (interpret and whole):
         block_h = BLOCK_H
     elif interpret:
-        block_h = max(triton_next_power_of_2(H), 2)
+        block_h = max(_next_power_of_2(H), 2)
     else:
         block_h = 8
         while -(-H // block_h) > _sm_count(device) and block_h < 256:
@@ -129,7 +129,7 @@ def _blocks(B: int, H: int, device: torch.device, interpret: bool, whole: bool =
     return block_b, block_h, BLOCK_K or (32 if interpret else 64)
 
 
-def triton_next_power_of_2(n: int) -> int:
+def _next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
