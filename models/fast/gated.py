@@ -124,9 +124,7 @@ class LBRURecurrence(torch.autograd.Function):
         train = _needs_grad(ctx)
         ops = native_ops(proj)
         ctx.native = ops is not None
-        kernels = None if ctx.native else triton_loops.route(proj)
-        result = None if kernels is None else triton_loops.lbru_forward(kernels, input_gate, proj, weight.t(), bias,
-                                                                        h0, train)
+        result = None if ctx.native else triton_loops.lbru_forward(input_gate, proj, weight.t(), bias, h0, train)
         if ctx.native:  # the gate values [z, r, n(, s)], or [z, n(, s)] without the input gate
             out, s_out, pre, hidden = ops.lbru_forward(proj, weight.t().contiguous(), bias.contiguous(),
                                                        h0.contiguous(), train, input_gate)
@@ -194,8 +192,7 @@ class LBRURecurrence(torch.autograd.Function):
         M[:-1].mul_(K1[1:]).mul_(E[1:])  # z_t enters n_{t+1}
         M[-1].zero_()
         G = torch.empty_like(K1)
-        kernels = triton_loops.route(grad_h)
-        g = None if kernels is None else triton_loops.lbru_backward(kernels, P, M, C, grad_h, weight, du, G)
+        g = triton_loops.lbru_backward(P, M, C, grad_h, weight, du, G)
         if g is None:
             g = _lbru_backward(P, M, C, grad_h.contiguous(), weight, du, G)
         grad_weight = du.flatten(0, 1).t().mm(h_previous.flatten(0, 1))  # sum_t du_t^T h_{t-1}

@@ -194,8 +194,7 @@ def _mgu_loop(proj: torch.Tensor, weight_t: torch.Tensor, h0: torch.Tensor, out:
 # --------------------------------------------------------------------------- backward loops
 def _gated_backward(K, C, grad_out, weight):
     """:func:`_gated_backward_loop`, or the same as one Triton kernel (:mod:`models.fast.triton_loops`)."""
-    kernels = triton_loops.route(grad_out)
-    result = None if kernels is None else triton_loops.sequential_backward(kernels, "gated", K, C, grad_out, weight)
+    result = triton_loops.sequential_backward("gated", K, C, grad_out, weight)
     return result if result is not None else _gated_backward_loop(K, C, grad_out, weight)
 
 
@@ -238,9 +237,7 @@ def _lstm_backward(gates, cell, grad_out, weight, mask):
     if mask is not None:
         candidate, derivative = gg * mask, derivative * mask
     K = torch.cat([candidate * i * (1 - i), c_previous * f * (1 - f), i * derivative, tc * o * (1 - o)], -1)
-    kernels = triton_loops.route(grad_out)
-    result = None if kernels is None else triton_loops.sequential_backward(kernels, "lstm", K, None, grad_out,
-                                                                           weight, A=A, F=f)
+    result = triton_loops.sequential_backward("lstm", K, None, grad_out, weight, A=A, F=f)
     return result if result is not None else _lstm_backward_loop(K, A, f, grad_out, weight)
 
 
@@ -273,9 +270,7 @@ def _mgu_backward(gates, out, h0, grad_out, weight):
     df = f * (1 - f)
     K = torch.cat([(c - h_previous) * df, f * (1 - c * c), h_previous * df], -1)  # [K_f, K_h, K_s]
     C = 1 - f
-    kernels = triton_loops.route(grad_out)
-    result = None if kernels is None else triton_loops.sequential_backward(kernels, "mgu", K, C, grad_out, weight,
-                                                                           F=f)
+    result = triton_loops.sequential_backward("mgu", K, C, grad_out, weight, F=f)
     if result is not None:
         return result[0][..., : 2 * H], result[1]
     return _mgu_backward_loop(K, C, f, grad_out, weight)
@@ -430,11 +425,9 @@ def gated_forward(kind: str, proj, weight_t, bias, h0, train: bool, mask=None):
     of a unit of ``MASKED``, or ``None``."""
     if mask is not None and kind not in MASKED:
         raise ValueError(f"unit {kind} has no candidate to mask (inner dropout: {', '.join(MASKED)})")
-    kernels = triton_loops.route(proj)
-    if kernels is not None:
-        result = triton_loops.gated_forward(kernels, kind, proj, weight_t, bias, h0, train, mask)
-        if result is not None:
-            return result
+    result = triton_loops.gated_forward(kind, proj, weight_t, bias, h0, train, mask)
+    if result is not None:
+        return result
     out = proj.new_empty(proj.size(0), proj.size(1), h0.size(1))
     return out, _GATED[kind][0](proj, weight_t, bias, h0, out, train, mask)
 

@@ -253,8 +253,7 @@ class MatrixRecurrence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, A, h, weight, bias):
-        kernels = triton_loops.route(h)
-        result = None if kernels is None else triton_loops.matrix_forward(kernels, A, h, weight, bias)
+        result = triton_loops.matrix_forward(A, h, weight, bias)
         if result is not None:
             y, lin = result  # lin = W y_{t+1} + b, kept for backward
         else:
@@ -268,8 +267,7 @@ class MatrixRecurrence(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_y):
         A, h, weight, y, lin = ctx.saved_tensors
-        kernels = triton_loops.route(h)
-        result = None if kernels is None else triton_loops.matrix_backward(kernels, A, grad_y, weight)
+        result = triton_loops.matrix_backward(A, grad_y, weight)
         if result is not None:
             G, GA = result
         else:

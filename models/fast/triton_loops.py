@@ -166,9 +166,12 @@ def _launch(kernels, kernel, steps: int, B: int, H: int, device, interpret: bool
 
 
 # --------------------------------------------------------------------------- the gated family
-def gated_forward(kernels, kind: str, proj, weight_t, bias, h0, train: bool, mask):
+def gated_forward(kind: str, proj, weight_t, bias, h0, train: bool, mask):
     """``(out (T, B, H), kept)`` as :func:`models.fast.loops.gated_forward` returns them, or ``None`` where
-    the kernel cannot be built (warned once; the caller runs the TorchScript loop)."""
+    the kernels do not serve these tensors or cannot be built (warned once; the caller runs the TorchScript loop)."""
+    kernels = route(proj)
+    if kernels is None:
+        return None
     T, B, width = proj.shape
     H = h0.size(1)
     interpret = kernels.INTERPRET
@@ -201,13 +204,16 @@ def gated_forward(kernels, kind: str, proj, weight_t, bias, h0, train: bool, mas
     return out, kept
 
 
-def sequential_backward(kernels, kind: str, K, C, grad_out, weight, A=None, F=None):
+def sequential_backward(kind: str, K, C, grad_out, weight, A=None, F=None):
     """The sequential part of a gated unit's backward pass (see ``triton_kernels.gated_backward``):
     ``(da (T, B, GK*H), dL/dh_0 (B, H))``, or ``None`` where the kernel cannot be built.
 
     ``kind`` is ``"lstm"``, ``"mgu"`` or anything else (the units linear in ``g``); ``K`` ``(T, B, GK*H)``,
     ``C`` ``(T, B, H)`` or ``None``, ``grad_out`` ``(T, B, H)``, ``weight`` ``(G*H, H)``; ``A``, ``F`` the
     LSTM's ``o (1 - tanh^2 c)`` and forget gate, or ``F`` the MGU's ``f``."""
+    kernels = route(grad_out)
+    if kernels is None:
+        return None
     T, B, H = grad_out.shape
     interpret = kernels.INTERPRET
     grad_out = grad_out.contiguous()
@@ -229,11 +235,14 @@ def sequential_backward(kernels, kind: str, K, C, grad_out, weight, A=None, F=No
 
 
 # --------------------------------------------------------------------------- the layer-wise BRU
-def lbru_forward(kernels, input_gate: bool, proj, weight_t, bias, h0, train: bool):
+def lbru_forward(input_gate: bool, proj, weight_t, bias, h0, train: bool):
     """``(out, s_out, kept, hidden)`` of :class:`models.fast.gated.LBRURecurrence`'s TorchScript path: ``kept``
     the pre-activations ``[a_z, a_r, q(, a_s)]`` (``[a_z, q(, a_s)]`` without the input gate) and ``hidden``
     ``U_n h_{t-1} + b_hh``, both ``T`` frames with ``train`` (else empty); ``None`` where the kernel cannot be
     built."""
+    kernels = route(proj)
+    if kernels is None:
+        return None
     T, B, width = proj.shape
     H = h0.size(1)
     empty = proj.new_empty(0)
@@ -251,9 +260,12 @@ def lbru_forward(kernels, input_gate: bool, proj, weight_t, bias, h0, train: boo
     return out, s_out, kept, hidden
 
 
-def lbru_backward(kernels, P, M, C, grad_h, weight, du, G):
+def lbru_backward(P, M, C, grad_h, weight, du, G):
     """:func:`models.fast.loops._lbru_backward` (fills ``G`` and the ``[z, r, n]`` slots of ``du``, returns
     ``dL/dh_0``), or ``None`` where the kernel cannot be built."""
+    kernels = route(grad_h)
+    if kernels is None:
+        return None
     T, B, H = grad_h.shape
     grad_h = grad_h.contiguous()
     state = grad_h[T - 1].clone()
@@ -268,9 +280,12 @@ def lbru_backward(kernels, P, M, C, grad_h, weight, du, G):
 
 
 # --------------------------------------------------------------------------- the layer-wise smoothing
-def matrix_forward(kernels, A, h, weight, bias):
+def matrix_forward(A, h, weight, bias):
     """``(y, lin)`` of :class:`models.fast.scans.MatrixRecurrence` (``lin = W y_{t+1} + b``, kept for backward),
     or ``None`` where the kernel cannot be built."""
+    kernels = route(h)
+    if kernels is None:
+        return None
     T, B, H = h.shape
     y, lin = torch.empty_like(h), torch.empty_like(h)
     args = (A.contiguous(), h.contiguous(), weight.t().contiguous(), bias.contiguous(), y, lin)
@@ -282,9 +297,12 @@ def matrix_forward(kernels, A, h, weight, bias):
     return y, lin
 
 
-def matrix_backward(kernels, A, grad_y, weight):
+def matrix_backward(A, grad_y, weight):
     """``(G, GA)`` of :meth:`models.fast.scans.MatrixRecurrence.backward` (``dL/dy_t`` and ``G_t A_t``), or
     ``None`` where the kernel cannot be built."""
+    kernels = route(grad_y)
+    if kernels is None:
+        return None
     T, B, H = grad_y.shape
     G, GA = torch.empty_like(grad_y), torch.empty_like(grad_y)
     args = (A.contiguous(), grad_y.contiguous(), weight.contiguous(), G, GA)
