@@ -35,10 +35,10 @@ step() {  # step NUMBER NAME SECONDS COMMAND...: the command's output into OUT_D
   nproc; } 2>&1
 xdist=$("$python" -c "import xdist" 2>/dev/null && echo "-n 8")
 # shellcheck disable=SC2086  # $xdist is empty or two words
-TAIL=8 step 1 fast_paths_f32 150 "$python" -m pytest -q -p no:cacheprovider $xdist tests/test_fast_recurrences.py \
+TAIL=8 step 1 fast_paths_f32 120 "$python" -m pytest -q -p no:cacheprovider $xdist tests/test_fast_recurrences.py \
   -k "equals_reference and f32 and cuda"
 # the table goes into RESULTS.md's speed-cuda section there; that RESULTS.md comes back in OUT_DIR
-TAIL=40 step 2 bench 150 "$python" bench/recurrences.py --targets --repeats 3 --device cuda \
+TAIL=40 step 2 bench 120 "$python" bench/recurrences.py --targets --repeats 3 --device cuda \
   --markdown RESULTS.md --section speed-cuda
 cp RESULTS.md "$out/RESULTS.md"
 main_job() {
@@ -50,9 +50,9 @@ main_job() {
 }
 export python
 export -f main_job
-TAIL=16 step 3 main_job 150 bash -c main_job
-TAIL=30 step 4 blocks 60 "$python" bench/triton_blocks.py --units libru lstm --block-h 8 16 --block-k 32 64 \
+TAIL=16 step 3 main_job 120 bash -c main_job
+TAIL=30 step 4 blocks 45 "$python" bench/triton_blocks.py --units libru lstm --block-h 8 16 --block-k 32 64 \
   --warps 2 4
 # shellcheck disable=SC2086
-TAIL=12 step 5 fast_paths 150 "$python" -m pytest -q -p no:cacheprovider $xdist tests/test_fast_recurrences.py \
+TAIL=12 step 5 fast_paths 90 "$python" -m pytest -q -p no:cacheprovider $xdist tests/test_fast_recurrences.py \
   -k "cuda and not (equals_reference and f32)"

@@ -38,8 +38,9 @@ if globals().get("INTERPRET"):
 else:
     jit = triton.jit
 
-# Unit numbers of the gated family (KIND), the same names as models.fast.loops._GATED.
-BRU, LIBRU, LIGRU, RNN_TANH, RNN_RELU, GRU, LSTM, MGU = range(8)
+# Unit numbers of the gated family (KIND), the same names as models.fast.loops._GATED. Compiled kernels
+# read only globals that are ``tl.constexpr``.
+BRU, LIBRU, LIGRU, RNN_TANH, RNN_RELU, GRU, LSTM, MGU = (tl.constexpr(number) for number in range(8))
 
 
 # --------------------------------------------------------------------------- elementwise helpers
