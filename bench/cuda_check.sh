@@ -38,7 +38,7 @@ xdist=$("$python" -c "import xdist" 2>/dev/null && echo "-n 8")
 TAIL=8 step 1 fast_paths_f32 120 "$python" -m pytest -q -p no:cacheprovider $xdist tests/test_fast_recurrences.py \
   -k "equals_reference and f32 and cuda"
 # the table goes into RESULTS.md's speed-cuda section there; that RESULTS.md comes back in OUT_DIR
-TAIL=40 step 2 bench 120 "$python" bench/recurrences.py --targets --repeats 3 --device cuda \
+TAIL=40 step 2 bench 120 "$python" bench/recurrences.py --targets --repeats 5 --device cuda \
   --markdown RESULTS.md --section speed-cuda
 cp RESULTS.md "$out/RESULTS.md"
 main_job() {

@@ -38,6 +38,14 @@ def test_kernels_equal_the_reference(unit, options, dtype, interpreted):
     _compare(unit, options, True, dtype)
 
 
+@pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
+def test_one_direction(unit, options, interpreted):
+    """A layer of one direction hands the recurrences gradients laid out batch-major, transposed to
+    ``(T, B, H)`` without a copy: the kernels' outputs must still be row-major (an ``empty_like`` of such a
+    gradient was not, and the LBRU's smoothing got its gradient back permuted)."""
+    _compare(unit, options, False, torch.float64)
+
+
 @pytest.mark.parametrize("unit, options", MATRIX_VARIANTS, ids=[variant_id(v) for v in MATRIX_VARIANTS])
 def test_several_programs_split_the_units(unit, options, interpreted, monkeypatch):
     """H = 45 in blocks of 16 (three programs, the last one partial): each reads the whole previous state

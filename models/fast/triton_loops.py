@@ -105,6 +105,13 @@ def _give_up(example: torch.Tensor, error: Exception) -> None:
                   f"Set BRU_KALDI_TRITON=0 to silence this.")
 
 
+def _dense(like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised contiguous tensor of ``like``'s shape: what a kernel writes with row-major offsets.
+    (``torch.empty_like`` keeps the strides of a transposed ``like``, such as a gradient from a batch-major
+    layer, and the kernel's output would then be read back permuted.)"""
+    return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+
+
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 1 << 30
@@ -217,7 +224,7 @@ def sequential_backward(kind: str, K, C, grad_out, weight, A=None, F=None):
     T, B, H = grad_out.shape
     interpret = kernels.INTERPRET
     grad_out = grad_out.contiguous()
-    da = torch.empty_like(K)
+    da = _dense(K)
     g_state = grad_out[T - 1].clone()
     empty = grad_out.new_empty(0)
     dc_state = torch.zeros_like(g_state) if kind == "lstm" else empty
@@ -267,6 +274,8 @@ def lbru_backward(P, M, C, grad_h, weight, du, G):
     if kernels is None:
         return None
     T, B, H = grad_h.shape
+    if not (du.is_contiguous() and G.is_contiguous()):  # written in place with row-major offsets
+        raise ValueError("lbru_backward fills du and G in place: both must be contiguous")
     grad_h = grad_h.contiguous()
     state = grad_h[T - 1].clone()
     args = (P.contiguous(), M.contiguous(), C.contiguous(), grad_h, weight.contiguous(), du, G, state)
@@ -287,7 +296,7 @@ def matrix_forward(A, h, weight, bias):
     if kernels is None:
         return None
     T, B, H = h.shape
-    y, lin = torch.empty_like(h), torch.empty_like(h)
+    y, lin = _dense(h), _dense(h)
     args = (A.contiguous(), h.contiguous(), weight.t().contiguous(), bias.contiguous(), y, lin)
     try:
         _launch(kernels, kernels.matrix_forward, T, B, H, h.device, kernels.INTERPRET, args, False, backwards=True)
@@ -304,7 +313,7 @@ def matrix_backward(A, grad_y, weight):
     if kernels is None:
         return None
     T, B, H = grad_y.shape
-    G, GA = torch.empty_like(grad_y), torch.empty_like(grad_y)
+    G, GA = _dense(grad_y), _dense(grad_y)
     args = (A.contiguous(), grad_y.contiguous(), weight.contiguous(), G, GA)
     try:
         _launch(kernels, kernels.matrix_backward, T, B, H, grad_y.device, kernels.INTERPRET, args, False)
@@ -339,28 +348,28 @@ class ScanOps:
 
     def softplus_scan(self, c, k, x0, reverse: bool):
         T, B, W = c.shape
-        x = torch.empty_like(c)
+        x = _dense(c)
         ok = self._run(self.kernels.softplus_scan, c, B * W, c.contiguous(), k.contiguous(), x0.contiguous(), x,
                        B * W, T, W, REVERSE=bool(reverse))
         return x if ok else None
 
     def softplus_scan_backward(self, grad, k, x0, x, reverse: bool):
         T, B, W = x.shape
-        G, grad_k, grad_x0 = torch.empty_like(x), x.new_empty(2, B, W), torch.empty_like(x0)
+        G, grad_k, grad_x0 = _dense(x), x.new_empty(2, B, W), _dense(x0)
         ok = self._run(self.kernels.softplus_scan_backward, x, B * W, grad.contiguous(), k.contiguous(),
                        x0.contiguous(), x.contiguous(), G, grad_k, grad_x0, B * W, T, W, REVERSE=bool(reverse))
         return (G, grad_k, grad_x0) if ok else None
 
     def kalman_smoother(self, x, k, last):
         T, B, H = x.shape
-        gamma = torch.empty_like(x)
+        gamma = _dense(x)
         ok = self._run(self.kernels.kalman_smoother, x, B * H, x.contiguous(), k.contiguous(), last.contiguous(),
                        gamma, B * H, T, H)
         return gamma if ok else None
 
     def kalman_smoother_backward(self, grad, x, k, last, gamma):
         T, B, H = x.shape
-        grad_x, grad_k = torch.empty_like(x), x.new_empty(2, B, H)
+        grad_x, grad_k = _dense(x), x.new_empty(2, B, H)
         ok = self._run(self.kernels.kalman_smoother_backward, x, B * H, grad.contiguous(), x.contiguous(),
                        k.contiguous(), last.contiguous(), gamma.contiguous(), grad_x, grad_k, B * H, T, H)
         return (grad_x, grad_k) if ok else None
