@@ -7,6 +7,9 @@ Usage: python run_exp.py <config.cfg> [--section,option=value ...] [--force] [--
        python run_exp.py cfg/TIMIT_liBRU.cfg --exp,out_folder=exp/TIMIT_liBRU_seed2 --exp,seed=2
        torchrun --nproc_per_node=4 run_exp.py cfg/TIMIT_liBRU.cfg    (distributed data parallel)
 
+Long because it is the experiment in one file, as nanoGPT's train.py: the training loop in plain PyTorch,
+then forward, decode and score; the pieces it calls are in ``bru_kaldi``.
+
 Stages, each skipped when already complete (re-running the command after a crash resumes):
   corpus   build the built-in corpus when ``[exp] builtin_corpus`` asks for it
   train    epochs x chunks, a checkpoint after every chunk, one ``res.res`` line per epoch
@@ -49,13 +52,15 @@ from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, 
 from bru_kaldi.machine import run_line
 from bru_kaldi.torch_state import run_settings
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters, trained_architectures
+from bru_kaldi.learning_rate import epoch_rates, step_rate
 from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, chance_frame_error,
-                                epoch_rate, epochs_since_best, evaluate, feature_columns, gradient_norm,
-                                keep_best_weights, load_checkpoint, make_optimizer, pick_device, plot_learning_curve,
-                                save_checkpoint, save_tensors, seed_everything, stopped_early, warmup,
-                                warn_if_not_learning)
-from data_io import (Corpus, GlobalNorm, KaldiIOError, LoglikeWriter, dataset_for, fingerprint, loader_options,
-                     log_priors, read_counts, write_counts)
+                                epochs_since_best, evaluate, feature_columns, gradient_norm, keep_best_weights,
+                                load_checkpoint, make_optimizer, pick_device, plot_learning_curve, save_checkpoint,
+                                save_tensors, seed_everything, stopped_early, warn_if_not_learning)
+from bru_kaldi.corpus import Corpus, dataset_for, fingerprint, loader_options
+from bru_kaldi.feature_transforms import GlobalNorm
+from bru_kaldi.kaldi.tables import KaldiIOError
+from bru_kaldi.posteriors import LoglikeWriter, log_priors, read_counts, write_counts
 from models.acoustic import AcousticModel
 from models.fast import native
 
@@ -129,15 +134,10 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
             save_checkpoint(exp.checkpoint, model, optimizers, progress, exp.resolved.read_text())
         dist.barrier()
 
-    def epoch_rates() -> dict[str, float]:
-        """Each architecture's rate for this epoch: halved on dev plateaus, and once per rollback."""
-        return {a.arch_name: progress.lr_scale * epoch_rate(a, progress.epoch, config.exp.n_epochs_tr, progress.dev_errors)
-                for a in archs}
-
     def train_epoch(epoch: int) -> None:
         """The rest of ``epoch`` from ``progress.chunk``, a checkpoint after every chunk; raises
         :class:`Diverged` at the first non-finite loss or gradient, before any weight takes it."""
-        lrs = epoch_rates()
+        lrs = epoch_rates(archs, epoch, config.exp.n_epochs_tr, progress.dev_errors, progress.rollbacks)
         train_set.options = loader_options(config, "train", epoch)  # this epoch's batch size and length limit
         plan = train_set.chunk_keys(epoch)
         remaining = sum(frames_of[key] for keys in plan[progress.chunk:] for key in keys)
@@ -175,7 +175,7 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
                                    f"norms are {norms} on utterances {batch.keys[:4]}")
                 for arch, optimizer in zip(archs, optimizers):
                     for group in optimizer.param_groups:
-                        group["lr"] = lrs[arch.arch_name] * warmup(progress.step, arch.arch_warmup_steps)
+                        group["lr"] = step_rate(lrs[arch.arch_name], arch, progress.step)
                     optimizer.step()
                 progress.step += 1
                 if not empty:

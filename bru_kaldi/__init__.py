@@ -1,5 +1,6 @@
 """bru-kaldi's library: everything between a config file and the error rates, except the units
-(``models/``) and the data pipeline (``data_io.py``), which sit at the top level as users expect.
+(``models/``), which stand alone. ``data_io.py`` at the top level is the users' door into the data
+pipeline below (``corpus``, ``posteriors`` and what they use), as in pytorch-kaldi.
 
 In the order a run uses them (``run_exp.py``), each module one job:
 
@@ -14,10 +15,13 @@ In the order a run uses them (``run_exp.py``), each module one job:
 ``feature_transforms``     ``apply-cmvn``, ``add-deltas``, splicing, the global normalisation
 ``feature_streams``        one feature stream as the loader reads it (index, CMVN, post-processing)
 ``batching``               utterances into padded batches; the background chunk prefetcher
+``corpus``                 a data set read chunk by chunk: streams and labels joined, checked, batched
 ``network``                the acoustic model a config describes; where unit names and options are checked
-``training``               the loss, optimisers, learning-rate schedule, seeds, checkpoints, learning curve
+``learning_rate``          each architecture's rate at each step: schedule, halving, rollbacks, warmup
+``training``               the loss, optimisers, seeds, checkpoints, learning curve
 ``distributed``            this process's place in a ``torchrun`` job
 ``experiment``             the experiment folder: paths, stage markers, ``res.res``, resume rules
+``posteriors``             pdf counts, log priors, log-likelihood archives for the decoders
 ``decoding/``              log-likelihoods to words: one utterance, whole sets, the Python decoder,
                            the Kaldi-script path
 ``scoring``                WER/PER as Kaldi's ``compute-wer``, corpus filters, per-utterance counts
@@ -25,6 +29,6 @@ In the order a run uses them (``run_exp.py``), each module one job:
 ``atomic``                 the one way files are written: whole or not at all
 =========================  =========================================================================
 
-Dependencies point down: ``run_exp.py`` (and ``compare.py``) -> ``data_io.py`` -> this package; ``models/`` stands alone and
-only ``network`` imports it; nothing here imports a recipe or reads ``data_io``.
+Dependencies point down: ``run_exp.py``, ``compare.py`` and ``data_io.py`` -> this package; ``models/`` stands
+alone and only ``network`` imports it; nothing here imports a recipe or ``data_io``.
 """

@@ -12,9 +12,9 @@ blocks, as in pytorch-kaldi), ``[data_use]``, ``[batches]``, ``[architectureN]``
 
 Reading a config imports neither torch nor ``models``: what a unit accepts is checked by the units
 themselves when the model is built (``bru_kaldi.network.check_architectures``, which ``run_exp.py``
-calls right after parsing). The schema, its parser, its cross-section checks and its writer stay in
-this one module (past 450 lines for that reason): each default and each check is declared once, next
-to the field it concerns, and the writer is the parser's inverse.
+calls right after parsing). Long because it is the whole config format in one place: the schema of every section (each field
+with its default, declared once), the parser that fills it, the checks that span sections (one block
+after the schema), and the writer of ``config.resolved.cfg``, which is the parser's inverse.
 
 >>> cfg = parse_config_text('''
 ... [exp]

@@ -1,5 +1,5 @@
-"""Pieces of the training loop that run_exp.py shows in one place: the loss, optimisers, learning-rate
-schedule, seeds, atomic and resumable checkpoints, and the learning curve.
+"""Pieces of the training loop that run_exp.py shows in one place: the loss, optimisers, seeds, atomic
+and resumable checkpoints, and the learning curve (the learning rate: ``bru_kaldi.learning_rate``).
 
 Everything that changes between epochs is a pure function of the config and the recorded history
 (as nanoGPT's ``get_lr(it)``), so a resumed run recomputes it instead of trusting saved state.
@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from bru_kaldi.atomic import write_atomically
 from bru_kaldi.batching import IGNORE
 from bru_kaldi.config import OPTIMIZERS, Config, ConfigError, Model
-from bru_kaldi.schedules import scheduled_lr
+from bru_kaldi.learning_rate import rollback_scale
 
 log = logging.getLogger(__name__)
 
@@ -183,32 +183,6 @@ def make_optimizer(name: str, params, lr: float, arch) -> torch.optim.Optimizer:
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 
-def warmup(step: int, steps: int) -> float:
-    """The factor on the learning rate at optimiser step ``step`` (from 0) of a ``steps``-step linear warmup:
-    ``(step + 1) / steps`` until it reaches 1 (no warmup when ``steps`` is 0).
-
-    >>> [warmup(s, 4) for s in range(6)], warmup(0, 0)
-    ([0.25, 0.5, 0.75, 1.0, 1.0, 1.0], 1.0)
-    """
-    return 1.0 if steps <= 0 else min(1.0, (step + 1) / steps)
-
-
-def learning_rate(initial: float, halving_factor: float, threshold: float, dev_errors: Sequence[float]) -> float:
-    """The learning rate for the epoch after ``dev_errors`` (one per finished epoch).
-
-    Halved (times ``halving_factor``) after every epoch whose relative dev improvement
-    ``(previous - current) / current`` fell under ``threshold``, as pytorch-kaldi and the TPAMI paper do.
-
-    >>> learning_rate(0.1, 0.5, 0.01, [0.5, 0.4, 0.399, 0.3])
-    0.05
-    """
-    lr = initial
-    for previous, current in zip(dev_errors, dev_errors[1:]):
-        if current <= 0 or (previous - current) / current < threshold:
-            lr *= halving_factor
-    return lr
-
-
 def epochs_since_best(dev_errors: Sequence[float]) -> int:
     """Epochs finished after the one with the lowest dev error (the first of equals): 0 when the last
     epoch is the best so far.
@@ -229,15 +203,6 @@ def stopped_early(dev_errors: Sequence[float], patience: int) -> bool:
     (True, False)
     """
     return patience > 0 and epochs_since_best(dev_errors) >= patience
-
-
-def epoch_rate(arch, epoch: int, epochs: int, dev_errors: Sequence[float]) -> float:
-    """``arch``'s rate for ``epoch`` (from 0): its ``arch_lr_schedule`` value for that epoch when it has
-    one (pytorch-kaldi: a progressive rate is never halved), else :func:`learning_rate` of ``arch_lr``."""
-    scheduled = scheduled_lr(arch, epoch, epochs)
-    if scheduled is not None:
-        return scheduled
-    return learning_rate(arch.arch_lr, arch.arch_halving_factor, arch.arch_improvement_threshold, dev_errors)
 
 
 # --------------------------------------------------------------------------- the end of an epoch, of a run
@@ -357,8 +322,8 @@ class Progress:
 
     @property
     def lr_scale(self) -> float:
-        """The factor on every learning rate: halved by each rollback."""
-        return 0.5 ** len(self.rollbacks)
+        """The factor on every learning rate from the rollbacks so far (``bru_kaldi.learning_rate``)."""
+        return rollback_scale(self.rollbacks)
 
     def as_dict(self) -> dict:
         return {"epoch": self.epoch, "chunk": self.chunk, "history": self.history, "chunk_stats": self.chunk_stats,

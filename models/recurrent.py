@@ -5,7 +5,8 @@ recursion at one time step, ``finish`` an optional backward recursion).
 :class:`RecurrentLayer` wraps one cell per direction and owns everything else:
 input dropout, the input projection ``W x_t + b`` for all frames at once, its
 normalisation, bidirection by reversing each sequence within its own length,
-and the masking of padded frames.
+and the masking of padded frames. Long because that machinery is one contract (shapes, lengths,
+directions, the fast path's hand-off) that every unit relies on, and splitting it would split the contract.
 
 Layout: batch-first, ``x`` is ``(B, T, F)``, ``lengths`` is ``(B,)``, outputs are
 ``(B, T, H)`` per direction, concatenated to ``(B, T, 2H)`` when bidirectional.

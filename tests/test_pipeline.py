@@ -99,7 +99,7 @@ def test_chunks_are_redrawn_every_epoch_from_the_seed(kaldi):
 def test_long_utterances_are_split_or_dropped_and_counted(kaldi, action, caplog):
     limit = int(np.median([len(a) for a in kaldi["ali_of"].values()]))
     long = {k for k, a in kaldi["ali_of"].items() if len(a) > limit}
-    with caplog.at_level(logging.INFO, logger="data_io"):
+    with caplog.at_level(logging.INFO, logger="bru_kaldi.corpus"):
         corpus = Corpus(spec(kaldi), LoaderOptions(batch_size=4, max_seq_length=limit, long_utterances=action))
     assert corpus.report["long"] == len(long) and f"longer than max_seq_length={limit}" in caplog.text
     batches = list(corpus.batches())
@@ -122,7 +122,7 @@ def _subset_scp(kaldi, path, drop=(), extra=()):
 def test_missing_utterances_are_skipped_and_counted_up_to_a_fraction(kaldi, tmp_path, caplog):
     gone = kaldi["keys"][3]
     scp = _subset_scp(kaldi, tmp_path / "feats.scp", drop=[gone])
-    with caplog.at_level(logging.WARNING, logger="data_io"):
+    with caplog.at_level(logging.WARNING, logger="bru_kaldi.corpus"):
         corpus = Corpus(spec(kaldi, fea_lst=scp), LoaderOptions(max_missing_fraction=0.1, length_tolerance=10**6))
     assert gone not in corpus.keys and len(corpus) == 11
     assert corpus.report["skipped"] == {scp: 1} and f"'{gone}'" in caplog.text

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import run_exp
-from bru_kaldi.training import BiasCorrectedRMSprop, warmup
+from bru_kaldi.learning_rate import warmup
+from bru_kaldi.training import BiasCorrectedRMSprop
 
 pytestmark = pytest.mark.slow  # trains on the tiny corpus in-process
 

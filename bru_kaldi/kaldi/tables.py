@@ -6,6 +6,7 @@ matrix, ``\\4`` int32 vector, ...). An ``scp`` file maps each key to ``path.ark:
 Where a table comes from (rspecifiers, gzipped files, checked pipelines) is
 ``bru_kaldi.kaldi.rspecifiers``.
 
+Long because reading and writing of every table type share one record format and its checks.
 Matrices are parsed by kaldiio; int32 vectors (alignments) by our own reader, because kaldiio reads
 them one element at a time in Python. Every error is a :class:`KaldiIOError` naming the file (or
 command) and the utterance.

@@ -6,7 +6,8 @@ and each transition-state owns one transition-id per outgoing arc of its HMM sta
 A self-loop's pdf is the tuple's ``self_loop_pdf``, any other arc's is its ``forward_pdf``
 (``TransitionModel::ComputeDerived`` in Kaldi's transition-model.cc). This module derives
 ``tid2pdf`` and ``tid2phone`` (index 0 unused, as in Kaldi) and so replaces ``ali-to-pdf``,
-``ali-to-phones`` and ``hmm-info``.
+``ali-to-phones`` and ``hmm-info``. Long because the topology, the transition-states and both of their
+formats (text and binary, read and written) are one object in Kaldi and one here.
 
 Formats (Kaldi's hmm-topology.cc, transition-model.cc, io-funcs): a binary file starts with
 ``"\\0B"``; tokens are written as the text plus a space; an int32 as the size byte 4 and 4

@@ -31,8 +31,8 @@ candidate's derivative by it. ``None`` leaves every loop as it is without one.
 Where a tensor is on a GPU with Triton (:mod:`models.fast.triton_loops`), :func:`gated_forward` and the
 sequential parts of the backward passes (``_gated_backward``, ``_lstm_backward``, ``_mgu_backward``) hand
 their loop to one Triton kernel, which keeps exactly what the loop here keeps: the glue that forms the
-gate derivatives before a backward loop is shared. Every loop is in this one module, each beside its
-backward pass, as the C++ kernels have them (it runs past 450 lines for that reason).
+gate derivatives before a backward loop is shared. Long because every loop is in this one
+module, each beside its backward pass, as the C++ kernels have them.
 
 Layout: time-major, ``proj`` ``(T, B, G*H)``, ``weight_t`` ``(H, G*H)``, ``h0`` ``(B, H)``.
 """

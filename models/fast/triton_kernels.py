@@ -24,10 +24,9 @@ Layouts are time-major and contiguous: outputs ``(T, B, H)`` and ``h0`` ``(B, H)
 ``(G*H, H)`` backward.
 
 This file is executed twice by :mod:`models.fast.triton_loops`, once with ``INTERPRET = True`` (CPU
-tensors through Triton's interpreter) and once without; ``jit`` is the matching decorator. Every
-kernel is in this one file (it runs past 450 lines for that reason): a kernel calls its helpers by
-their names in this file's globals, so kernels and helpers must be executed together, in one copy
-for each decorator.
+tensors through Triton's interpreter) and once without; ``jit`` is the matching decorator. Long because
+every kernel is in this one file: a kernel calls its helpers by their names in this file's globals, so
+kernels and helpers must be executed together, in one copy for each decorator.
 """
 
 import triton

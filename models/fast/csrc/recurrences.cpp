@@ -11,7 +11,7 @@
 // build (see StepProduct: the BLAS is slow at a product of a few columns), else to the BLAS that
 // libtorch calls (MKL on x86-64).
 //
-// One translation unit (it runs past 450 lines for that reason): the build compiles one file, and the
+// Long because it is one translation unit: the build compiles one file, and the
 // kernels share their vector helpers and the thread split. The units of the gated family (BRU, Li-BRU,
 // Li-GRU, GRU, LSTM, MGU, RNN) are each a short struct, their elementwise step and its derivatives,
 // run by one pair of drivers (see "The units of the gated family").
