@@ -35,6 +35,7 @@ import signal
 import sys
 import time
 from contextlib import closing, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -68,8 +69,60 @@ log = logging.getLogger("run_exp")
 
 
 # --------------------------------------------------------------------------- training
+@dataclass
+class Training:
+    """What one training run holds between its stages: the data, the network and its optimisers, and the
+    progress that a checkpoint saves (``bru_kaldi.training.Progress``: epoch, chunk, history, step, rollbacks)."""
+
+    config: Config
+    exp: Experiment
+    device: torch.device
+    dist: Distributed
+    train_set: Corpus
+    dev_set: Corpus
+    chance: Optional[float]  # the dev frame error of always answering the most frequent pdf
+    model: AcousticModel = None
+    net: torch.nn.Module = None  # the model, or its DistributedDataParallel wrapper
+    groups: list = None  # each trained architecture's parameters
+    archs: list = None
+    optimizers: list = None
+    input_dim: int = 0
+    target: Optional[slice] = None  # the columns of an mse target after the inputs
+    progress: Progress = None
+
+    def checkpoint(self) -> None:
+        if self.dist.main:
+            save_checkpoint(self.exp.checkpoint, self.model, self.optimizers, self.progress, self.exp.resolved.read_text())
+        self.dist.barrier()
+
+
 def train(config: Config, exp: Experiment, device: torch.device, dist: Distributed) -> None:
     """Train on ``train_with`` chunk by chunk, validate on ``valid_with`` each epoch; resumes from ``checkpoint.pt``."""
+    run = load_training_data(config, exp, device, dist)
+    build_network(run)
+    if not exp.checkpoint.is_file():
+        run.checkpoint()  # the initial weights: what a blow-up in the first chunk rolls back to
+    while run.progress.epoch < config.exp.n_epochs_tr and not stopped_early(run.progress.dev_errors, config.exp.patience):
+        try:
+            train_epoch(run, run.progress.epoch)
+        except Diverged as blowup:
+            roll_back(run, blowup)
+    if config.exp.patience and run.progress.history:
+        keep_best_weights(run.model, exp.best, run.progress.dev_errors, config.exp.patience)
+    if dist.main:
+        senone, mono = config.model.senone_lab, config.model.mono_lab
+        final = {"model": run.model.state_dict(), "input_dim": run.input_dim,
+                 "num_pdfs": run.train_set.label_dims[senone],
+                 "num_mono": run.train_set.label_dims[mono] if mono != "none" else 0}
+        save_tensors(final, exp.final)
+        exp.mark("train")
+    dist.barrier()
+
+
+def load_training_data(config: Config, exp: Experiment, device: torch.device, dist: Distributed) -> Training:
+    """The training and dev corpora, normalised by the training set's statistics (computed once, and again
+    only if the training data changed before training used them), and what forward and decode need later:
+    the pdf counts and ``final.mdl``."""
     senone = config.model.senone_lab
     train_spec = dataset_for(config, config.data_use.train_with, with_labels=True)
     inputs = fingerprint(train_spec)
@@ -97,7 +150,6 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
              config.data_use.train_with, len(train_set), int(train_set.lengths.sum()), train_set.feature_dim,
              train_set.label_dims[senone], config.data_use.valid_with, len(dev_set))
     counts = train_set.counts(senone)
-    chance = chance_frame_error(counts) if counts is not None else None  # what a dead network's dev error is
     if dist.main:  # what forward and decode need, also for --forward-only runs on other data
         if counts is not None:
             write_counts(str(exp.counts), counts)
@@ -105,129 +157,136 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
         write_atomically(exp.model, lambda tmp: shutil.copyfile(Path(lab_folder) / "final.mdl", tmp))
         if not derived:
             exp.record_derived(inputs)  # last: a run killed before this recomputes them all
+    chance = chance_frame_error(counts) if counts is not None else None
+    return Training(config, exp, device, dist, train_set, dev_set, chance)
 
-    num_mono = train_set.label_dims[config.model.mono_lab] if config.model.mono_lab != "none" else None
-    input_dim, target = feature_columns(config.model, train_set.sources)  # the inputs, then an mse target
+
+def build_network(run: Training) -> None:
+    """The network and one optimiser per trained architecture, from the seed or from the checkpoint."""
+    config, train_set = run.config, run.train_set
+    mono = config.model.mono_lab
+    num_mono = train_set.label_dims[mono] if mono != "none" else None
+    run.input_dim, run.target = feature_columns(config.model, train_set.sources)  # the inputs, then an mse target
     seed_everything(config.exp.seed)  # the initial weights
-    model, groups = build_model(config, input_dim, train_set.label_dims[senone], num_mono,
-                                target.stop - target.start if target else None)
-    model.to(device)
-    archs = trained_architectures(config)
-    optimizers = [make_optimizer(a.arch_opt, params, a.arch_lr, a) for a, params in zip(archs, groups)]
-    log.info("model: %s, %.2fM parameters", " + ".join(f"{a.arch_name}={a.unit} {a.sizes or '(output layer)'}" for a in archs),
-             sum(p.numel() for p in model.parameters()) / 1e6)
+    run.model, run.groups = build_model(config, run.input_dim, train_set.label_dims[config.model.senone_lab], num_mono,
+                                        run.target.stop - run.target.start if run.target else None)
+    run.model.to(run.device)
+    run.archs = trained_architectures(config)
+    run.optimizers = [make_optimizer(a.arch_opt, params, a.arch_lr, a) for a, params in zip(run.archs, run.groups)]
+    log.info("model: %s, %.2fM parameters",
+             " + ".join(f"{a.arch_name}={a.unit} {a.sizes or '(output layer)'}" for a in run.archs),
+             sum(p.numel() for p in run.model.parameters()) / 1e6)
+    run.progress = load_checkpoint(run.exp.checkpoint, run.model, run.optimizers) or Progress()
+    if run.progress.epoch or run.progress.chunk:
+        log.info("resuming from %s: epoch %d, chunk %d", run.exp.checkpoint, run.progress.epoch + 1, run.progress.chunk + 1)
+        if run.dist.main and run.progress.history:  # a run killed between its checkpoint and res.res lost a line
+            run.exp.write_res(run.progress.history)
+    run.net = run.model
+    if run.dist.world > 1:
+        device = run.device
+        run.net = torch.nn.parallel.DistributedDataParallel(
+            run.model, device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=has_unused_parameters(run.model, device))
 
-    progress = load_checkpoint(exp.checkpoint, model, optimizers) or Progress()
-    if progress.epoch or progress.chunk:
-        log.info("resuming from %s: epoch %d, chunk %d", exp.checkpoint, progress.epoch + 1, progress.chunk + 1)
-        if dist.main and progress.history:  # a run killed between its checkpoint and res.res lost a line
-            exp.write_res(progress.history)
-    net = model
-    if dist.world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                                        find_unused_parameters=has_unused_parameters(model, device))
 
-    frames_of = dict(zip(train_set.keys, train_set.lengths.tolist()))
+def train_epoch(run: Training, epoch: int) -> None:
+    """The rest of ``epoch`` from ``progress.chunk``, a checkpoint after every chunk, then the dev set and
+    the epoch's line in ``res.res``; raises :class:`Diverged` at the first non-finite loss or gradient,
+    before any weight takes it."""
+    config, progress, dist = run.config, run.progress, run.dist
+    lrs = epoch_rates(run.archs, epoch, config.exp.n_epochs_tr, progress.dev_errors, progress.rollbacks)
+    run.train_set.options = loader_options(config, "train", epoch)  # this epoch's batch size and length limit
+    plan = run.train_set.chunk_keys(epoch)
+    frames_of = dict(zip(run.train_set.keys, run.train_set.lengths.tolist()))
+    remaining = sum(frames_of[key] for keys in plan[progress.chunk:] for key in keys)
+    run.model.train()
+    chunk, stats, started = progress.chunk, [0.0, 0, 0], time.time()
+    seed_everything(config.exp.seed, epoch, chunk)
 
-    def checkpoint():
-        if dist.main:
-            save_checkpoint(exp.checkpoint, model, optimizers, progress, exp.resolved.read_text())
-        dist.barrier()
+    def finish_chunk(next_chunk):
+        progress.chunk_stats.append(tuple(dist.sum(stats)) + (time.time() - started,))
+        progress.chunk = next_chunk
+        run.checkpoint()
 
-    def train_epoch(epoch: int) -> None:
-        """The rest of ``epoch`` from ``progress.chunk``, a checkpoint after every chunk; raises
-        :class:`Diverged` at the first non-finite loss or gradient, before any weight takes it."""
-        lrs = epoch_rates(archs, epoch, config.exp.n_epochs_tr, progress.dev_errors, progress.rollbacks)
-        train_set.options = loader_options(config, "train", epoch)  # this epoch's batch size and length limit
-        plan = train_set.chunk_keys(epoch)
-        remaining = sum(frames_of[key] for keys in plan[progress.chunk:] for key in keys)
-        model.train()
-        chunk, stats, started = progress.chunk, [0.0, 0, 0], time.time()
-        seed_everything(config.exp.seed, epoch, chunk)
+    with tqdm(total=remaining, unit="frame", unit_scale=True, desc=f"epoch {epoch + 1}/{config.exp.n_epochs_tr}",
+              disable=None if dist.main else True, leave=False, dynamic_ncols=True) as bar, \
+            closing(run.train_set.batches(epoch, first_chunk=progress.chunk)) as batches:
+        for batch in batches:
+            if batch.chunk != chunk:
+                finish_chunk(batch.chunk)
+                chunk, stats, started = batch.chunk, [0.0, 0, 0], time.time()
+                seed_everything(config.exp.seed, epoch, chunk)  # dropout masks independent of where a run resumed
+            step = train_step(run, batch, lrs, f"epoch {epoch + 1}, chunk {chunk + 1}")
+            if step is not None:
+                stats = [total + value for total, value in zip(stats, step)]
+            bar.update(batch.num_frames)
+            bar.set_postfix(loss=f"{stats[0] / max(stats[2], 1):.3f}", refresh=False)
+    if progress.chunk < len(plan):
+        finish_chunk(len(plan))
+    end_epoch(run, epoch, lrs)
 
-        def finish_chunk(next_chunk):
-            progress.chunk_stats.append(tuple(dist.sum(stats)) + (time.time() - started,))
-            progress.chunk = next_chunk
-            checkpoint()
 
-        with tqdm(total=remaining, unit="frame", unit_scale=True, desc=f"epoch {epoch + 1}/{config.exp.n_epochs_tr}",
-                  disable=None if dist.main else True, leave=False, dynamic_ncols=True) as bar, \
-                closing(train_set.batches(epoch, first_chunk=progress.chunk)) as batches:
-            for batch in batches:
-                if batch.chunk != chunk:
-                    finish_chunk(batch.chunk)
-                    chunk, stats, started = batch.chunk, [0.0, 0, 0], time.time()
-                    seed_everything(config.exp.seed, epoch, chunk)  # dropout masks independent of where a run resumed
-                share = dist.share(batch)
-                empty = share is None  # fewer rows than ranks: a zero-weighted row keeps the ranks in step
-                share = (batch.select(slice(0, 1)) if empty else share).to(device, non_blocking=True)
-                with autocast(config, device):
-                    out = net(share.x[..., :input_dim], share.lengths)
-                loss, (loss_sum, errors, frames) = batch_loss(out, share.labels, config.model, batch.num_frames,
-                                                              dist.world, share.x[..., target] if target else None)
-                for optimizer in optimizers:
-                    optimizer.zero_grad(set_to_none=True)
-                (loss * 0 if empty else loss).backward()
-                norms = [gradient_norm(params, arch.clip_grad_norm) for arch, params in zip(archs, groups)]
-                bad = 0.0 if empty else float(not np.isfinite(loss_sum) or not all(map(np.isfinite, norms)))
-                if dist.sum([bad])[0]:  # every rank stops at the same step, before any weight moves
-                    raise Diverged(f"epoch {epoch + 1}, chunk {chunk + 1}: the loss is {loss_sum:g} and the gradient "
-                                   f"norms are {norms} on utterances {batch.keys[:4]}")
-                for arch, optimizer in zip(archs, optimizers):
-                    for group in optimizer.param_groups:
-                        group["lr"] = step_rate(lrs[arch.arch_name], arch, progress.step)
-                    optimizer.step()
-                progress.step += 1
-                if not empty:
-                    stats = [stats[0] + loss_sum, stats[1] + errors, stats[2] + frames]
-                bar.update(batch.num_frames)
-                bar.set_postfix(loss=f"{stats[0] / max(stats[2], 1):.3f}", refresh=False)
-        if progress.chunk < len(plan):
-            finish_chunk(len(plan))
+def train_step(run: Training, batch, lrs: dict[str, float], where: str) -> Optional[tuple[float, int, int]]:
+    """One optimiser step on this rank's share of ``batch``: ``(loss sum, frame errors, frames)``, or None
+    for a rank with no rows (it takes a zero-weighted step, to keep the ranks in step)."""
+    share = run.dist.share(batch)
+    empty = share is None
+    share = (batch.select(slice(0, 1)) if empty else share).to(run.device, non_blocking=True)
+    with autocast(run.config, run.device):
+        out = run.net(share.x[..., :run.input_dim], share.lengths)
+    target = share.x[..., run.target] if run.target else None
+    loss, (loss_sum, errors, frames) = batch_loss(out, share.labels, run.config.model, batch.num_frames,
+                                                  run.dist.world, target)
+    for optimizer in run.optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    (loss * 0 if empty else loss).backward()
+    norms = [gradient_norm(params, arch.clip_grad_norm) for arch, params in zip(run.archs, run.groups)]
+    bad = 0.0 if empty else float(not np.isfinite(loss_sum) or not all(map(np.isfinite, norms)))
+    if run.dist.sum([bad])[0]:  # every rank stops at the same step, before any weight moves
+        raise Diverged(f"{where}: the loss is {loss_sum:g} and the gradient norms are {norms} on utterances "
+                       f"{batch.keys[:4]}")
+    for arch, optimizer in zip(run.archs, run.optimizers):
+        for group in optimizer.param_groups:
+            group["lr"] = step_rate(lrs[arch.arch_name], arch, run.progress.step)
+        optimizer.step()
+    run.progress.step += 1
+    return None if empty else (loss_sum, errors, frames)
 
-        dev_loss, dev_err = evaluate(net, dev_set, config, device, dist)
-        loss_sum, errors, frames, seconds = (sum(column) for column in zip(*progress.chunk_stats))
-        progress.history.append({"epoch": epoch + 1, "train_loss": loss_sum / frames, "train_err": errors / frames,
-                                 "dev_loss": dev_loss, "dev_err": dev_err, "lr": lrs, "seconds": seconds})
-        progress.epoch, progress.chunk, progress.chunk_stats = epoch + 1, 0, []
-        if config.exp.patience and dist.main and epochs_since_best(progress.dev_errors) == 0:
-            # before the checkpoint: a checkpoint that counts this epoch always has its best weights beside it
-            save_tensors({"model": model.state_dict(), "epoch": epoch + 1}, exp.best)
-        checkpoint()
-        log.info("%s (%.0f frames/s)", epoch_line(progress.history[-1]), frames / max(seconds, 1e-9))
-        warn_if_not_learning(epoch + 1, dev_err, chance)
-        if dist.main:
-            exp.write_res(progress.history)
-            plot_learning_curve(progress.history, exp.folder / "learning_curve.png")
 
-    if not exp.checkpoint.is_file():
-        checkpoint()  # the initial weights: what a blow-up in the first chunk rolls back to
-    while progress.epoch < config.exp.n_epochs_tr and not stopped_early(progress.dev_errors, config.exp.patience):
-        try:
-            train_epoch(progress.epoch)
-        except Diverged as blowup:
-            # A blow-up costs the chunk, not the run: back to the last checkpoint, with every rate halved
-            # from then on. The same chunk blowing up again is a stop: halving once more would hide it.
-            failed_at = (progress.epoch, progress.chunk)
-            progress = load_checkpoint(exp.checkpoint, model, optimizers)
-            if failed_at in progress.rollbacks:
-                raise FloatingPointError(
-                    f"{blowup}, again after rolling back to {exp.checkpoint} with the learning rates halved; lower "
-                    f"[architectureN] arch_lr, or set arch_warmup_steps or opt_bias_correction = True (RMSprop's first "
-                    f"steps are several times lr), or clip_grad_norm") from None
-            progress.rollbacks.append(failed_at)
-            log.warning("%s: rolling back to %s (epoch %d, chunk %d) with the learning rates halved (x%g from now on)",
-                        blowup, exp.checkpoint, progress.epoch + 1, progress.chunk + 1, progress.lr_scale)
-            checkpoint()
+def end_epoch(run: Training, epoch: int, lrs: dict[str, float]) -> None:
+    """The dev set, the epoch's line in ``res.res`` and the learning curve, the best weights so far (with
+    ``[exp] patience``), and the checkpoint that closes the epoch."""
+    progress = run.progress
+    dev_loss, dev_err = evaluate(run.net, run.dev_set, run.config, run.device, run.dist)
+    loss_sum, errors, frames, seconds = (sum(column) for column in zip(*progress.chunk_stats))
+    progress.history.append({"epoch": epoch + 1, "train_loss": loss_sum / frames, "train_err": errors / frames,
+                             "dev_loss": dev_loss, "dev_err": dev_err, "lr": lrs, "seconds": seconds})
+    progress.epoch, progress.chunk, progress.chunk_stats = epoch + 1, 0, []
+    if run.config.exp.patience and run.dist.main and epochs_since_best(progress.dev_errors) == 0:
+        # before the checkpoint: a checkpoint that counts this epoch always has its best weights beside it
+        save_tensors({"model": run.model.state_dict(), "epoch": epoch + 1}, run.exp.best)
+    run.checkpoint()
+    log.info("%s (%.0f frames/s)", epoch_line(progress.history[-1]), frames / max(seconds, 1e-9))
+    warn_if_not_learning(epoch + 1, dev_err, run.chance)
+    if run.dist.main:
+        run.exp.write_res(progress.history)
+        plot_learning_curve(progress.history, run.exp.folder / "learning_curve.png")
 
-    if config.exp.patience and progress.history:
-        keep_best_weights(model, exp.best, progress.dev_errors, config.exp.patience)
-    if dist.main:
-        final = {"model": model.state_dict(), "input_dim": input_dim, "num_pdfs": train_set.label_dims[senone],
-                 "num_mono": num_mono or 0}
-        save_tensors(final, exp.final)
-        exp.mark("train")
-    dist.barrier()
+
+def roll_back(run: Training, blowup: Diverged) -> None:
+    """A blow-up costs the chunk, not the run: back to the last checkpoint, with every rate halved from
+    then on. The same chunk blowing up again is a stop: halving once more would hide it."""
+    failed_at = (run.progress.epoch, run.progress.chunk)
+    run.progress = load_checkpoint(run.exp.checkpoint, run.model, run.optimizers)
+    if failed_at in run.progress.rollbacks:
+        raise FloatingPointError(
+            f"{blowup}, again after rolling back to {run.exp.checkpoint} with the learning rates halved; lower "
+            f"[architectureN] arch_lr, or set arch_warmup_steps or opt_bias_correction = True (RMSprop's first "
+            f"steps are several times lr), or clip_grad_norm") from None
+    run.progress.rollbacks.append(failed_at)
+    log.warning("%s: rolling back to %s (epoch %d, chunk %d) with the learning rates halved (x%g from now on)",
+                blowup, run.exp.checkpoint, run.progress.epoch + 1, run.progress.chunk + 1, run.progress.lr_scale)
+    run.checkpoint()
 
 
 # --------------------------------------------------------------------------- forward

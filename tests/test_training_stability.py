@@ -189,3 +189,60 @@ def test_without_patience_every_epoch_runs_and_the_last_weights_are_final(tiny_r
     last = torch.load(folder / "checkpoint.pt", weights_only=True)["model"]
     assert all(torch.equal(final[name], last[name]) for name in final)
 
+
+
+def _interrupt_and_roll_back(monkeypatch, interrupt_at):
+    """Wrap run_exp.train_step: a blow-up at the first step of epoch 1's second chunk (once: the replay
+    trains), and, when ``interrupt_at`` is ``(epoch, chunk)``, a Ctrl-C at the first step of that chunk."""
+    original = getattr(run_exp.train_step, "wrapped", run_exp.train_step)
+
+    def train_step(run, batch, lrs, where):
+        progress = run.progress
+        if (progress.epoch, progress.chunk) == (0, 1) and not progress.rollbacks:
+            raise run_exp.Diverged(f"{where}: a blow-up planted by the test")
+        if (progress.epoch, progress.chunk) == interrupt_at:
+            raise KeyboardInterrupt("SIGINT")
+        return original(run, batch, lrs, where)
+
+    train_step.wrapped = original
+    monkeypatch.setattr(run_exp, "train_step", train_step)
+
+
+def _without_times(progress: dict) -> dict:
+    history = [{key: value for key, value in epoch.items() if key != "seconds"} for epoch in progress["history"]]
+    return dict(progress, history=history, chunk_stats=[row[:-1] for row in progress["chunk_stats"]])
+
+
+def test_a_resumed_run_restores_every_part_of_the_training_state(tiny_run, monkeypatch, tmp_path):
+    """Killed in epoch 2 after a rollback in epoch 1, the resumed run ends in exactly the state of an
+    uninterrupted one: weights, every optimiser state (bias-corrected RMSprop's step counts and square
+    averages), the rates (a warmup still under way, plateau halving from the dev history, the rollback's
+    halving), the step count, the rollbacks and the history. The overrides make each of those matter:
+    a resume that lost any one of them would train on at another rate or from another state."""
+    overrides = ("--exp,n_epochs_tr=3", "--architecture1,arch_warmup_steps=500", "--architecture1,opt_bias_correction=True",
+                 "--architecture1,arch_improvement_threshold=0.5")
+    states = {}
+    for name, interrupt_at in (("uninterrupted", None), ("resumed", (1, 1))):
+        _interrupt_and_roll_back(monkeypatch, interrupt_at)
+        code, exp_dir, log = tiny_run(*overrides)
+        if interrupt_at:
+            assert code == 130, log
+            assert checkpoint_progress(exp_dir)["epoch"] == 1 and checkpoint_progress(exp_dir)["rollbacks"]
+            _interrupt_and_roll_back(monkeypatch, None)
+            code, exp_dir, log = tiny_run(*overrides)
+            assert "resuming from" in log
+        assert code == 0, log
+        states[name] = torch.load(exp_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
+        exp_dir.rename(tmp_path / name)  # the next run starts from an empty folder
+    expected, got = states["uninterrupted"], states["resumed"]
+    progress = _without_times(expected["progress"])
+    assert progress["rollbacks"] == [[0, 1]] and progress["epoch"] == 3 and 0 < progress["step"] < 500
+    assert _without_times(got["progress"]) == progress
+    assert expected["model"].keys() == got["model"].keys()
+    for name in expected["model"]:
+        assert torch.equal(expected["model"][name], got["model"][name]), name
+    for mine, theirs in zip(expected["optimizers"], got["optimizers"], strict=True):
+        assert mine["param_groups"] == theirs["param_groups"]  # the rate of the last step included
+        for index, state in mine["state"].items():
+            for key, value in state.items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(theirs["state"][index][key])), (index, key)
