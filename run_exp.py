@@ -47,6 +47,7 @@ from tqdm import tqdm
 from bru_kaldi import decoding
 from bru_kaldi.atomic import WriteError, write_atomically
 from bru_kaldi.builtin_corpus import BuiltinCorpusError, ensure_builtin_corpus
+from bru_kaldi.chain.supervision import ChainSupervision, denominator_from_alignments
 from bru_kaldi.config import Config, ConfigError, convert_pytorch_kaldi, parse_config, parse_overrides, write_resolved
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
@@ -54,10 +55,10 @@ from bru_kaldi.machine import run_line
 from bru_kaldi.torch_state import run_settings
 from bru_kaldi.network import build_model, check_architectures, has_unused_parameters, trained_architectures
 from bru_kaldi.learning_rate import epoch_rates, step_rate
-from bru_kaldi.training import (CheckpointError, Diverged, Progress, autocast, batch_loss, chance_frame_error,
-                                epochs_since_best, evaluate, feature_columns, gradient_norm, keep_best_weights,
-                                load_checkpoint, make_optimizer, pick_device, plot_learning_curve, save_checkpoint,
-                                save_tensors, seed_everything, stopped_early, warn_if_not_learning)
+from bru_kaldi.checkpoints import CheckpointError, Progress, load_checkpoint, save_checkpoint, save_tensors
+from bru_kaldi.training import (Diverged, autocast, batch_loss, chance_frame_error, epochs_since_best, evaluate,
+                                feature_columns, gradient_norm, keep_best_weights, make_optimizer, pick_device,
+                                plot_learning_curve, seed_everything, stopped_early, warn_if_not_learning)
 from bru_kaldi.corpus import Corpus, dataset_for, fingerprint, loader_options
 from bru_kaldi.feature_transforms import GlobalNorm
 from bru_kaldi.kaldi.tables import KaldiIOError
@@ -72,7 +73,7 @@ log = logging.getLogger("run_exp")
 @dataclass
 class Training:
     """What one training run holds between its stages: the data, the network and its optimisers, and the
-    progress that a checkpoint saves (``bru_kaldi.training.Progress``: epoch, chunk, history, step, rollbacks)."""
+    progress that a checkpoint saves (``bru_kaldi.checkpoints.Progress``: epoch, chunk, history, step, rollbacks)."""
 
     config: Config
     exp: Experiment
@@ -81,6 +82,7 @@ class Training:
     train_set: Corpus
     dev_set: Corpus
     chance: Optional[float]  # the dev frame error of always answering the most frequent pdf
+    chain: Optional[ChainSupervision] = None  # [model] objective = lfmmi: its denominator graph and options
     model: AcousticModel = None
     net: torch.nn.Module = None  # the model, or its DistributedDataParallel wrapper
     groups: list = None  # each trained architecture's parameters
@@ -158,7 +160,14 @@ def load_training_data(config: Config, exp: Experiment, device: torch.device, di
         if not derived:
             exp.record_derived(inputs)  # last: a run killed before this recomputes them all
     chance = chance_frame_error(counts) if counts is not None else None
-    return Training(config, exp, device, dist, train_set, dev_set, chance)
+    chain = None
+    if config.model.objective == "lfmmi":  # the denominator: a phone LM of the training alignments, with the HMMs
+        m = config.model
+        lab_folder = next(s.lab_folder for s in train_spec.lab if s.lab_name == senone)
+        den = denominator_from_alignments(lab_folder, m.lfmmi_phone_lm_order)
+        chain = ChainSupervision(den, m.lfmmi_leaky_hmm, m.lfmmi_xent_regularize, m.lfmmi_output_l2,
+                                 m.lfmmi_tolerance).to(device)
+    return Training(config, exp, device, dist, train_set, dev_set, chance, chain)
 
 
 def build_network(run: Training) -> None:
@@ -236,7 +245,7 @@ def train_step(run: Training, batch, lrs: dict[str, float], where: str) -> Optio
         out = run.net(share.x[..., :run.input_dim], share.lengths)
     target = share.x[..., run.target] if run.target else None
     loss, (loss_sum, errors, frames) = batch_loss(out, share.labels, run.config.model, batch.num_frames,
-                                                  run.dist.world, target)
+                                                  run.dist.world, target, run.chain)
     for optimizer in run.optimizers:
         optimizer.zero_grad(set_to_none=True)
     (loss * 0 if empty else loss).backward()
@@ -257,7 +266,7 @@ def end_epoch(run: Training, epoch: int, lrs: dict[str, float]) -> None:
     """The dev set, the epoch's line in ``res.res`` and the learning curve, the best weights so far (with
     ``[exp] patience``), and the checkpoint that closes the epoch."""
     progress = run.progress
-    dev_loss, dev_err = evaluate(run.net, run.dev_set, run.config, run.device, run.dist)
+    dev_loss, dev_err = evaluate(run.net, run.dev_set, run.config, run.device, run.dist, run.chain)
     loss_sum, errors, frames, seconds = (sum(column) for column in zip(*progress.chunk_stats))
     progress.history.append({"epoch": epoch + 1, "train_loss": loss_sum / frames, "train_err": errors / frames,
                              "dev_loss": dev_loss, "dev_err": dev_err, "lr": lrs, "seconds": seconds})
@@ -306,12 +315,14 @@ def load_trained(config: Config, model_dir: Path, device: torch.device) -> Acous
 
 @torch.no_grad()
 def forward(config: Config, exp: Experiment, model_dir: Path, device: torch.device) -> None:
-    """Write log-likelihoods for every ``forward_with`` set: log posteriors - log priors (Kaldi's hybrid recipe)."""
+    """Write log-likelihoods for every ``forward_with`` set: log posteriors - log priors (Kaldi's hybrid recipe),
+    or with ``[model] objective = lfmmi`` the chain output as it is (no softmax, no prior: Kaldi's chain models)."""
     model = load_trained(config, model_dir, device)
+    chain = config.model.objective == "lfmmi"
     norm = GlobalNorm.load(model_dir / "feature_norm.npz")  # of the inputs first, then of an mse target
     norm = GlobalNorm(norm.mean[:model.input_size], norm.std[:model.input_size])
     priors = None
-    if config.forward.normalize_posteriors:
+    if config.forward.normalize_posteriors and not chain:
         counts_file = model_dir / "pdf_counts"
         if not counts_file.is_file():
             raise FileNotFoundError(f"{counts_file}: pdf counts for the priors are missing ([forward] normalize_posteriors = "
@@ -331,7 +342,8 @@ def forward(config: Config, exp: Experiment, model_dir: Path, device: torch.devi
                 batch = batch.to(device)
                 with autocast(config, device):
                     logits = model(batch.x, batch.lengths)["senone"]
-                writer.write_batch(batch.keys, F.log_softmax(logits.float(), dim=-1).cpu(), batch.lengths.cpu())
+                scores = logits.float() if chain else F.log_softmax(logits.float(), dim=-1)
+                writer.write_batch(batch.keys, scores.cpu(), batch.lengths.cpu())
         exp.mark(f"forward_{name}")
         log.info("forward %s: %d utterances in %.1f s -> %s", name, len(corpus), time.time() - started, out_dir / "loglikes.scp")
 

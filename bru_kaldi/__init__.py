@@ -18,7 +18,9 @@ In the order a run uses them (``run_exp.py``), each module one job:
 ``corpus``                 a data set read chunk by chunk: streams and labels joined, checked, batched
 ``network``                the acoustic model a config describes; where unit names and options are checked
 ``learning_rate``          each architecture's rate at each step: schedule, halving, rollbacks, warmup
-``training``               the loss, optimisers, seeds, checkpoints, learning curve
+``training``               the loss, optimisers, seeds, the end of an epoch, the learning curve
+``checkpoints``            where a run stands, saved atomically and loaded with ``weights_only``
+``chain/``                 LF-MMI: the phone LM, the denominator and numerator graphs, the objective
 ``distributed``            this process's place in a ``torchrun`` job
 ``experiment``             the experiment folder: paths, stage markers, ``res.res``, resume rules
 ``posteriors``             pdf counts, log priors, log-likelihood archives for the decoders

@@ -76,6 +76,7 @@ BATCH_UNITS = ("utterances", "frames")  # what batch_size_train counts; frames: 
 DROPOUT_PLACES = ("input", "inside")  # see Architecture.dropout_at
 INPUT_NORMS = ("none", "batch", "layer", "layer+batch")  # see Architecture.input_norm (models.norm.InputNorm)
 OPTIMIZERS = ("sgd", "adam", "rmsprop", "adadelta")  # bru_kaldi.training.make_optimizer
+OBJECTIVES = ("ce", "lfmmi")  # frame cross-entropy on the alignments; lattice-free MMI (bru_kaldi.chain)
 DECODERS = ("auto", "kaldi", "python")  # auto: Kaldi when its binaries are on PATH (bru_kaldi.decoding)
 
 
@@ -242,6 +243,16 @@ class Model:
     mse_arch: str = ""
     mse_target: str = ""
     mse_weight: float = 1.0
+    # the training objective of the senone output: ce, or lfmmi (lattice-free MMI, bru_kaldi.chain), whose
+    # options follow, with Kaldi's chain defaults: the leaky HMM's coefficient, the weight of the
+    # cross-entropy of a separate output head (xent_regularize), L2 on the chain output, the phone LM's order
+    # (chain-est-phone-lm), and the frames by which the numerator may move a phone's boundaries
+    objective: str = choice(*OBJECTIVES, default="ce")
+    lfmmi_leaky_hmm: float = 0.1
+    lfmmi_xent_regularize: float = 0.1
+    lfmmi_output_l2: float = 0.0
+    lfmmi_phone_lm_order: int = 4
+    lfmmi_tolerance: int = 5
 
 
 @dataclass
@@ -265,6 +276,9 @@ class Decoding:
     beam: float = 13.0
     latbeam: float = 8.0
     acwt: float = 0.2
+    # the Kaldi path: the lattices' acoustic scores times this after decoding (Kaldi's --post-decode-acwt; 10
+    # for chain models), and score.sh's LM weights around it, so that they reach acoustic scales near 1
+    post_decode_acwt: float = 1.0
     acwt_sweep: list[float] = field(default_factory=list)  # scales tried on dev; empty: acwt alone
     # word insertion penalties tried on dev with each scale (the Python decoder; Kaldi's score.sh has its own grid)
     wip_sweep: list[float] = field(default_factory=lambda: [0.0])
@@ -604,6 +618,7 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
         if name not in fea_names:
             add(str(_unknown("feature stream in inputs", name, fea_names, f"{src} [model]")))
     _check_mse(config.model, fea_names, src, add)
+    _check_lfmmi(config.model, src, add)
     if config.forward.normalize_posteriors and config.forward.normalize_with_counts_from != config.model.senone_lab:
         add(f"{src} [forward] normalize_with_counts_from: the priors divide the senone posteriors, so it must "
             f"name [model] senone_lab = {config.model.senone_lab!r}, got {config.forward.normalize_with_counts_from!r}")
@@ -633,6 +648,19 @@ def _check_mse(model: Model, fea_names: set, src: str, add) -> None:
         add(str(_unknown("feature stream for mse_target", model.mse_target, fea_names, f"{src} [model]")))
     if not model.mse_weight >= 0:
         add(f"{src} [model] mse_weight: expected a weight >= 0, got {model.mse_weight}")
+
+
+def _check_lfmmi(model: Model, src: str, add) -> None:
+    """The LF-MMI options: coefficients in their ranges, an order >= 1, a tolerance >= 0."""
+    if not 0 <= model.lfmmi_leaky_hmm < 1:
+        add(f"{src} [model] lfmmi_leaky_hmm: expected 0 <= coefficient < 1 (Kaldi 0.1), got {model.lfmmi_leaky_hmm}")
+    for option in ("lfmmi_xent_regularize", "lfmmi_output_l2"):
+        if not getattr(model, option) >= 0:
+            add(f"{src} [model] {option}: expected a weight >= 0, got {getattr(model, option)}")
+    if model.lfmmi_phone_lm_order < 1:
+        add(f"{src} [model] lfmmi_phone_lm_order: expected an order >= 1 (Kaldi 4), got {model.lfmmi_phone_lm_order}")
+    if model.lfmmi_tolerance < 0:
+        add(f"{src} [model] lfmmi_tolerance: expected frames >= 0, got {model.lfmmi_tolerance}")
 
 
 def _check_schedule(text: str, kind, epochs: int, where: str, add) -> None:

@@ -156,11 +156,13 @@ def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optiona
         raise ConfigError(f"{config.source} [model] mse_arch = {config.model.mse_arch}: its output has "
                           f"{stacks[mse_stack].output_size} values per frame, the feature stream mse_target = "
                           f"{config.model.mse_target} it is compared with has {mse_dim}; expected equal sizes")
-    model = AcousticModel(stacks, num_pdfs, num_mono, mse_stack)
+    model = AcousticModel(stacks, num_pdfs, num_mono, mse_stack, xent_head=config.model.objective == "lfmmi")
     names = [a.arch_name for a in trained_architectures(config)]
     groups = [list(stack.parameters()) for stack in model.stacks] + [[] for _ in names[len(stacks):]]
     last = config.model.stack[-1]
-    for head, owner in (("senone", config.model.senone_arch or last), ("mono", config.model.mono_arch or last)):
+    heads = (("senone", config.model.senone_arch or last), ("xent", config.model.senone_arch or last),
+             ("mono", config.model.mono_arch or last))
+    for head, owner in heads:
         if getattr(model, head) is not None:
             groups[names.index(owner)] += list(getattr(model, head).parameters())
     return model, groups

@@ -1,5 +1,6 @@
-"""Pieces of the training loop that run_exp.py shows in one place: the loss, optimisers, seeds, atomic
-and resumable checkpoints, and the learning curve (the learning rate: ``bru_kaldi.learning_rate``).
+"""Pieces of the training loop that run_exp.py shows in one place: the loss, optimisers, seeds, the end of
+an epoch and the learning curve (the learning rate: ``bru_kaldi.learning_rate``; checkpoints:
+``bru_kaldi.checkpoints``).
 
 Everything that changes between epochs is a pure function of the config and the recorded history
 (as nanoGPT's ``get_lr(it)``), so a resumed run recomputes it instead of trusting saved state.
@@ -7,11 +8,9 @@ Everything that changes between epochs is a pure function of the config and the 
 
 from __future__ import annotations
 
-import io
 import logging
 import random
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -22,7 +21,6 @@ from torch.nn import functional as F
 from bru_kaldi.atomic import write_atomically
 from bru_kaldi.batching import IGNORE
 from bru_kaldi.config import OPTIMIZERS, Config, ConfigError, Model
-from bru_kaldi.learning_rate import rollback_scale
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +90,7 @@ def frame_squared_error(output: torch.Tensor, target: torch.Tensor, real: torch.
 
 
 def batch_loss(out: dict, labels: dict, model: Model, global_frames: int, world: int = 1,
-               target: Optional[torch.Tensor] = None):
+               target: Optional[torch.Tensor] = None, chain=None):
     """The training loss of one batch (or this rank's share of it) and the senone statistics.
 
     Senone cross-entropy plus ``mono_weight`` x the monophone cross-entropy (pytorch-kaldi's
@@ -107,12 +105,18 @@ def batch_loss(out: dict, labels: dict, model: Model, global_frames: int, world:
         labels: the batch's label streams by name, ``(B, T)``.
         model: ``[model]`` of the config (``senone_lab``, ``mono_lab``, ``mono_weight``, ``mse_weight``).
         target: ``(B, T, D)``, the features ``out["mse"]`` is compared with (``[model] mse_target``).
+        chain: ``[model] objective = lfmmi``'s ``ChainSupervision`` (``bru_kaldi.chain``): the senone term, and
+            the loss reported, are then the LF-MMI loss summed over frames (frame errors: the best pdf's).
 
     Returns:
         ``(loss, (loss_sum, errors, frames))``: the loss to backpropagate and the senone output's
         summed loss, frame errors and frames on this share (what ``res.res`` reports).
     """
     senone_sum, errors, frames = frame_cross_entropy(out["senone"], labels[model.senone_lab])
+    if chain is not None:
+        xent = out["xent"].float() if "xent" in out else None
+        result = chain.loss(out["senone"].float(), labels[model.senone_lab], xent)
+        senone_sum = result.loss * result.num_frames
     total = senone_sum
     if "mono" in out:
         total = total + model.mono_weight * frame_cross_entropy(out["mono"], labels[model.mono_lab])[0]
@@ -223,9 +227,9 @@ def keep_best_weights(model: torch.nn.Module, best: Path, errors: Sequence[float
 
 
 @torch.no_grad()
-def evaluate(net, corpus, config: Config, device: torch.device, dist) -> tuple[float, float]:
-    """Mean senone cross-entropy and frame error over ``corpus`` (a ``data_io.Corpus``; every rank of
-    ``dist``, a ``bru_kaldi.distributed.Distributed``, scores its share)."""
+def evaluate(net, corpus, config: Config, device: torch.device, dist, chain=None) -> tuple[float, float]:
+    """Mean senone loss (cross-entropy, or with ``chain`` the LF-MMI loss) and frame error over ``corpus`` (a
+    ``bru_kaldi.corpus.Corpus``; every rank of ``dist``, a ``bru_kaldi.distributed.Distributed``, scores its share)."""
     net.eval()
     totals = [0.0, 0, 0]
     input_dim, target = feature_columns(config.model, corpus.sources)
@@ -237,7 +241,7 @@ def evaluate(net, corpus, config: Config, device: torch.device, dist) -> tuple[f
         with autocast(config, device):
             out = net(share.x[..., :input_dim], share.lengths)
         _, (loss_sum, errors, frames) = batch_loss(out, share.labels, config.model, 1, 1,
-                                                   share.x[..., target] if target else None)
+                                                   share.x[..., target] if target else None, chain)
         totals = [totals[0] + loss_sum, totals[1] + errors, totals[2] + frames]
     loss_sum, errors, frames = dist.sum(totals)
     return loss_sum / frames, errors / frames
@@ -285,9 +289,6 @@ def autocast(config: Config, device: torch.device):
     return nullcontext()
 
 
-# --------------------------------------------------------------------------- training
-
-
 # --------------------------------------------------------------------------- seeds
 def seed_everything(seed: int, *keys: int) -> int:
     """Seed Python, NumPy and torch from ``seed`` and position keys (epoch, chunk); returns the derived seed.
@@ -300,81 +301,6 @@ def seed_everything(seed: int, *keys: int) -> int:
     np.random.seed(derived)
     torch.manual_seed(derived)
     return derived
-
-
-# --------------------------------------------------------------------------- checkpoints
-@dataclass
-class Progress:
-    """Where training stands: the next (epoch, chunk) to run, the optimiser steps taken, the per-epoch
-    history, and the blow-ups survived (each halved the learning rate from then on)."""
-
-    epoch: int = 0
-    chunk: int = 0
-    history: list = field(default_factory=list)  # one dict per finished epoch (res.res values)
-    chunk_stats: list = field(default_factory=list)  # (loss_sum, errors, frames) of this epoch's finished chunks
-    step: int = 0  # optimiser steps taken (the warmup counts them)
-    rollbacks: list = field(default_factory=list)  # (epoch, chunk) of every blow-up rolled back from
-
-    @property
-    def dev_errors(self) -> list[float]:
-        """The dev frame error of every finished epoch, in order."""
-        return [h["dev_err"] for h in self.history]
-
-    @property
-    def lr_scale(self) -> float:
-        """The factor on every learning rate from the rollbacks so far (``bru_kaldi.learning_rate``)."""
-        return rollback_scale(self.rollbacks)
-
-    def as_dict(self) -> dict:
-        return {"epoch": self.epoch, "chunk": self.chunk, "history": self.history, "chunk_stats": self.chunk_stats,
-                "step": self.step, "rollbacks": [list(r) for r in self.rollbacks]}
-
-
-def save_tensors(obj, path) -> None:
-    """``torch.save`` of ``obj`` to ``path``, atomically. Serialised in memory first, then written by
-    Python: a full disk is then an ``OSError`` with its errno (torch's own writer reports it as an
-    unexplained position mismatch)."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    write_atomically(path, lambda tmp: tmp.write_bytes(buffer.getbuffer()))
-
-
-def save_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer], progress: Progress,
-                    config_text: str) -> None:
-    """Write a checkpoint atomically: a temporary file in the same folder, then ``os.replace``."""
-    state = {
-        "model": model.state_dict(),
-        "optimizers": [o.state_dict() for o in optimizers],
-        "progress": progress.as_dict(),
-        "config": config_text,
-    }
-    save_tensors(state, path)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message names the file and what to do."""
-
-
-def load_checkpoint(path, model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> Optional[Progress]:
-    """Restore ``model`` and ``optimizers`` from ``path`` (``weights_only=True``); ``None`` if there is none."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    try:  # weights only: a pickle planted in an experiment folder is refused, never run
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        progress = state["progress"]
-    except Exception as error:
-        raise CheckpointError(f"{path} cannot be read as a checkpoint of this toolkit ({type(error).__name__}: "
-                              f"{str(error).splitlines()[0] if str(error) else ''}); it was damaged or not written by "
-                              "run_exp.py: move it away to train from the start (or use --force)") from None
-    model.load_state_dict(state["model"])
-    if len(state["optimizers"]) != len(optimizers):
-        raise CheckpointError(f"{path}: {len(state['optimizers'])} optimiser states saved, the config has {len(optimizers)}")
-    for optimizer, saved in zip(optimizers, state["optimizers"]):
-        optimizer.load_state_dict(saved)
-    p = progress
-    return Progress(p["epoch"], p["chunk"], list(p["history"]), [tuple(s) for s in p["chunk_stats"]],
-                    p.get("step", 0), [tuple(r) for r in p.get("rollbacks", [])])
 
 
 # --------------------------------------------------------------------------- learning curve

@@ -11,6 +11,7 @@ max_mem=50000000
 beam=13.0
 latbeam=8.0
 acwt=0.2
+post_decode_acwt=1.0  # the lattices' acoustic scores times this (Kaldi decodes chain models with 10)
 max_jobs=0          # jobs running at once; 0: one per CPU core
 # End configuration section.
 
@@ -29,6 +30,7 @@ Options (defaults in brackets):
   --min-active N   [$min_active]     --max-active N   [$max_active]
   --max-mem N      [$max_mem]        --beam F         [$beam]
   --latbeam F      [$latbeam]        --acwt F         [$acwt]
+  --post-decode-acwt F [$post_decode_acwt] (chain models: 10, so that score.sh's LM weights reach scales near 1)
   --max-jobs N     [$max_jobs] (0: one per CPU core)
 USAGE
   exit 1
@@ -42,6 +44,7 @@ while [ $# -gt 0 ]; do
     --beam) beam=$2; shift 2 ;;
     --latbeam) latbeam=$2; shift 2 ;;
     --acwt) acwt=$2; shift 2 ;;
+    --post-decode-acwt) post_decode_acwt=$2; shift 2 ;;
     --max-jobs) max_jobs=$2; shift 2 ;;
     --help|-h) usage ;;
     --*) echo "$0: Error: unknown option $1" >&2; usage ;;
@@ -66,6 +69,10 @@ done
 
 [ "$max_jobs" -gt 0 ] || max_jobs=$(nproc)
 mkdir -p "$dir/log"
+scale=""
+if [ "$post_decode_acwt" != "1.0" ] && [ "$post_decode_acwt" != "1" ]; then
+  scale="lattice-scale --acoustic-scale=$post_decode_acwt ark:- ark:- | "
+fi
 
 # Each archive is one job; a job's failure fails the script and names its log.
 pids=()
@@ -79,7 +86,7 @@ for archive in "${archives[@]}"; do
     latgen-faster-mapped --min-active="$min_active" --max-active="$max_active" --max-mem="$max_mem" \
       --beam="$beam" --lattice-beam="$latbeam" --acoustic-scale="$acwt" --allow-partial=true \
       --word-symbol-table="$graphdir/words.txt" "$model" "$graphdir/HCLG.fst" "$rspecifier" \
-      "ark:|gzip -c > $dir/lat.$job.gz.tmp" && mv "$dir/lat.$job.gz.tmp" "$dir/lat.$job.gz"
+      "ark:|${scale}gzip -c > $dir/lat.$job.gz.tmp" && mv "$dir/lat.$job.gz.tmp" "$dir/lat.$job.gz"
   ) >"$log" 2>&1 &
   pids+=($!)
   logs+=("$log")

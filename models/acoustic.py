@@ -15,7 +15,9 @@ class AcousticModel(nn.Module):
     """Stacks of recurrent layers applied in order, then linear outputs over senones (and monophones).
 
     The monophone head is the auxiliary task of pytorch-kaldi's multi-task recipes: it shares every
-    recurrent layer and only adds its own output layer. ``mse_stack = k`` also returns the output of
+    recurrent layer and only adds its own output layer. ``xent_head`` adds a second senone output layer,
+    ``"xent"``: the cross-entropy regularisation of LF-MMI training, whose own output (``"senone"``) is
+    not a distribution over senones. ``mse_stack = k`` also returns the output of
     ``stacks[k]`` as ``"mse"``, what pytorch-kaldi's ``mse(out, fea)`` compares with a feature stream.
 
     Shapes: ``x`` ``(B, T, F)``, ``lengths`` ``(B,)`` -> dict of logits, ``"senone"`` ``(B, T, num_senones)``
@@ -31,7 +33,7 @@ class AcousticModel(nn.Module):
     """
 
     def __init__(self, stacks: Sequence[RecurrentStack], num_senones: int, num_mono: Optional[int] = None,
-                 mse_stack: Optional[int] = None):
+                 mse_stack: Optional[int] = None, xent_head: bool = False):
         super().__init__()
         if not stacks:
             raise ValueError("an acoustic model needs at least one stack of layers")
@@ -45,6 +47,7 @@ class AcousticModel(nn.Module):
         width = stacks[-1].output_size
         self.senone = nn.Linear(width, num_senones)
         self.mono = nn.Linear(width, num_mono) if num_mono else None
+        self.xent = nn.Linear(width, num_senones) if xent_head else None
         self.input_size = stacks[0].input_size
 
     def forward(self, x: torch.Tensor, lengths) -> dict[str, torch.Tensor]:
@@ -58,4 +61,6 @@ class AcousticModel(nn.Module):
         out["senone"] = linear(x, self.senone.weight, self.senone.bias)
         if self.mono is not None:
             out["mono"] = linear(x, self.mono.weight, self.mono.bias)
+        if self.xent is not None:
+            out["xent"] = linear(x, self.xent.weight, self.xent.bias)
         return out

@@ -23,6 +23,7 @@ SMOKE = {  # script -> what its last lines must say
     "memory.py": ["a corpus 10x larger in 10x as many chunks"],
     "data_pipeline.py": ["loader:", "trainer fed by the loader:"],
     "decoding.py": ["load average"],
+    "lfmmi.py": ["network forward + backward:", "LF-MMI objective, 2-gram denominator"],
 }
 
 

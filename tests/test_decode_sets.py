@@ -315,7 +315,9 @@ STAND_INS = {
                             'out="${*: -1}"\n'
                             'cut -d" " -f1 "$scp" | grep -v -x -F "${STANDIN_FAIL:-none}" | sh -c "${out#ark:|}"\n',
     # "utt LMWT" per lattice
-    "lattice-scale": 'lmwt=${1#--inv-acoustic-scale=}\nsrc=${2#ark:}\n'
+    # in decode_dnn.sh's pipe with --acoustic-scale (post-decode scaling): passes the lattices on, noting it
+    "lattice-scale": 'case "$1" in --acoustic-scale=*) echo "$1" >> "${STANDIN_SCALED:-/dev/null}"; cat; exit ;; esac\n'
+                     'lmwt=${1#--inv-acoustic-scale=}\nsrc=${2#ark:}\n'
                      'sh -c "${src%|}" | awk -v l="$lmwt" \'{ print $1, l }\'\n',
     "lattice-add-penalty": "cat\n",
     # word ids from $STANDIN_HYPS ("utt LMWT id ..."): an utterance is recognised at one LM weight only
@@ -335,6 +337,27 @@ def kaldi_bin(tmp_path, monkeypatch):
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", os.pathsep.join([str(bin_dir), path_without_kaldi(os.environ["PATH"])]))
     return bin_dir
+
+
+def test_chain_lattices_are_scaled_after_decoding_and_scored_over_lm_weights_around_it(corpus, kaldi_bin, tmp_path,
+                                                                                      monkeypatch):
+    """``post_decode_acwt = 10`` (chain models, Kaldi's --post-decode-acwt): decode_dnn.sh multiplies the lattices'
+    acoustic scores by 10 after decoding, and score.sh tries LM weights 5..20 (acoustic scales 2 to 0.5)."""
+    tiny, tm, pdfs = corpus
+    ids = {w: i for w, i in read_table(tiny.graph / "words.txt").items()}
+    hyps = tmp_path / "standin_hyps"
+    hyps.write_text("".join(f"{u} 12 {' '.join(ids[w] for w in t.split())}\n" for split in ("dev", "test")
+                            for u, t in read_table(tiny.data(split) / "text").items()))
+    monkeypatch.setenv("STANDIN_HYPS", str(hyps))
+    monkeypatch.setenv("STANDIN_SCALED", str(tmp_path / "scaled"))
+    jobs = both_sets(corpus, tmp_path, lambda p: oracle(p, tm.num_pdfs))
+    results = decode.decode_sets(jobs, decoding(decoder="kaldi", acwt=1.0, post_decode_acwt=10.0, num_jobs=2), "dev",
+                                 log=quiet)
+    assert set((tmp_path / "scaled").read_text().split()) == {"--acoustic-scale=10.0"}
+    lmwts = {int(f.name.split("_")[1]) for f in jobs[0].out_dir.glob("wer_*")}
+    assert lmwts == set(range(5, 21))
+    assert results["dev"].setting == "lmwt=12 wip=0.0" and results["dev"].score.total.errors == 0
+    assert results["test"].setting == "lmwt=12 wip=0.0" and results["test"].score.total.errors == 0
 
 
 def test_kaldi_is_chosen_when_its_binaries_are_there_and_named_when_not(kaldi_bin, tmp_path, monkeypatch):

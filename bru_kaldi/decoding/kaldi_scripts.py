@@ -74,7 +74,8 @@ def _kaldi_decode(p: Prepared, decoding, num_jobs: int) -> float:
     start = time.perf_counter()
     _run_script("decode_dnn.sh", ["--min-active", decoding.min_active, "--max-active", decoding.max_active,
                                   "--max-mem", decoding.max_mem, "--beam", decoding.beam, "--latbeam", decoding.latbeam,
-                                  "--acwt", decoding.acwt, "--max-jobs", n, p.job.graph_dir, p.job.model,
+                                  "--acwt", decoding.acwt, "--post-decode-acwt", decoding.post_decode_acwt,
+                                  "--max-jobs", n, p.job.graph_dir, p.job.model,
                                   p.job.out_dir, *scps], p.job.out_dir / "log" / "decode_dnn.log", p.job.name)
     return time.perf_counter() - start
 
@@ -129,12 +130,24 @@ def _kaldi_best_path(p: Prepared, lmwt: int, wip: str) -> Pass:
     return Pass(f"lmwt={lmwt} wip={wip}", hyps, failed, [], None, alignments=alignments)
 
 
+def lm_weights(post_decode_acwt: float) -> tuple[int, ...]:
+    """score.sh's LM weights for lattices whose acoustic scores were multiplied by ``post_decode_acwt``: 1..10
+    (acoustic scales 1 to 0.1), or from half to twice that factor (10 for chain models: scales 2 to 0.5).
+
+    >>> lm_weights(1.0), lm_weights(10.0)[0], lm_weights(10.0)[-1]
+    ((1, 2, 3, 4, 5, 6, 7, 8, 9, 10), 5, 20)
+    """
+    if post_decode_acwt == 1.0:
+        return KALDI_LMWTS
+    return tuple(range(max(1, round(post_decode_acwt / 2)), round(post_decode_acwt * 2) + 1))
+
+
 def decode_kaldi(prepared: Sequence[Prepared], decoding, tune_on: Optional[str],
                   log: Callable[[str], None]) -> dict[str, SetResult]:
     num_jobs = decoding.num_jobs or os.cpu_count() or 1
     # untuned: the LM weight that undoes the acoustic scale the lattices were made with
-    lmwt, wip = max(1, round(1 / decoding.acwt)), KALDI_WIPS[0]
-    note = "LM weight round(1 / [decoding] acwt), not tuned"
+    lmwt, wip = max(1, round(decoding.post_decode_acwt / decoding.acwt)), KALDI_WIPS[0]
+    note = "LM weight round([decoding] post_decode_acwt / acwt), not tuned"
     log(f"decoding with Kaldi (kaldi_decoding_scripts/decode_dnn.sh, score.sh), {num_jobs} job(s), "
         f"acwt {decoding.acwt:g}" + (f"; LM weight and insertion penalty tuned on {tune_on}" if tune_on
                                      else f"; lmwt={lmwt} wip={wip}, not tuned"))
@@ -143,7 +156,7 @@ def decode_kaldi(prepared: Sequence[Prepared], decoding, tune_on: Optional[str],
         lines: list[str] = []
         seconds = _kaldi_decode(p, decoding, num_jobs)
         if p.job.name == tune_on:  # lattices are rescored for each setting, not decoded again
-            passes = _kaldi_score(p, decoding, KALDI_LMWTS, KALDI_WIPS)
+            passes = _kaldi_score(p, decoding, lm_weights(decoding.post_decode_acwt), KALDI_WIPS)
             for r in passes:
                 lines.append(pass_line(p.job.name, r))
                 log(lines[-1])

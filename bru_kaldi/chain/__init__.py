@@ -1,0 +1,19 @@
+"""Lattice-free MMI ("chain" training): the denominator and numerator forward-backward, and the objective.
+
+The mathematical core of LF-MMI as Kaldi's chain training computes it, written anew in PyTorch from
+the maths (Povey et al., 2016). Every arc of a graph emits exactly one frame; the recursions run in
+the probability domain with per-frame renormalisation, vectorised over the batch, on any device.
+
+=================  ==========================================================================
+``phone_lm``       the phone n-gram of the training alignments' phone sequences (the denominator's LM)
+``den_graph``      the denominator graph: that LM composed with the HMMs, one arc per frame
+``graph``          the graphs: :class:`~bru_kaldi.chain.graph.ChainGraph` (one FSA: arcs with
+                   pdf-ids and weights, initial and final weights), :class:`~bru_kaldi.chain.graph.GraphBatch`
+                   (graphs of different sizes padded into one batch), the denominator graph's
+                   initial probabilities, and the numerator graph of an alignment with a tolerance
+``objective``      the forward-backward over a batch (denominator with the leaky HMM, numerator),
+                   the chain objective with its hand-written gradient ``num_post - den_post``,
+                   and :func:`~bru_kaldi.chain.objective.lfmmi_loss` with cross-entropy and L2
+                   regularisation
+=================  ==========================================================================
+"""

@@ -1,0 +1,193 @@
+"""The LF-MMI graphs (bru_kaldi/chain/phone_lm.py, den_graph.py) against independent references.
+
+The phone n-gram against n-gram counts taken directly and against the definition of a distribution
+(every state's outgoing probabilities sum to one; the probabilities of all finite phone sequences sum
+to one); the denominator graph against a brute-force enumeration of every phone sequence the LM
+allows and every HMM path through it, frame by frame.
+"""
+
+import itertools
+import random
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+
+from bru_kaldi.chain.den_graph import denominator_graph
+from bru_kaldi.chain.phone_lm import estimate_phone_lm
+from bru_kaldi.kaldi.transition_model import HmmState, HmmTopology, TransitionModel, TransitionState
+
+
+def random_sequences(seed, count=30, phones=4, longest=7):
+    rng = random.Random(seed)
+    return [[rng.randint(1, phones) for _ in range(rng.randint(1, longest))] for _ in range(count)]
+
+
+@pytest.mark.parametrize("order, extra", [(1, 0), (2, 0), (3, 0), (4, 1000), (4, 3), (5, 2)])
+def test_the_phone_lm_is_a_distribution(order, extra):
+    lm = estimate_phone_lm(random_sequences(order), order=order, extra_histories=extra)
+    out = np.array(lm.final)
+    transitions = np.zeros((lm.num_states, lm.num_states))
+    for source, _, following, probability in lm.arcs:
+        out[source] += probability
+        transitions[source, following] += probability
+    np.testing.assert_allclose(out, 1.0, rtol=1e-12)
+    # the probabilities of all finite sequences: start^T (sum_n A^n) final = start^T (I - A)^-1 final
+    start = np.eye(lm.num_states)[0]
+    total = start @ np.linalg.solve(np.eye(lm.num_states) - transitions, np.array(lm.final))
+    assert total == pytest.approx(1.0, rel=1e-9)
+
+
+def test_an_unpruned_phone_lm_gives_the_counted_ngram_probabilities():
+    sequences = random_sequences(7)
+    order = 3
+    lm = estimate_phone_lm(sequences, order=order, extra_histories=10**6)
+    counts, totals = Counter(), Counter()
+    for sequence in sequences:  # the reference: n-grams counted with their whole (n-1)-phone histories
+        padded = [0] + sequence + [-1]
+        for i in range(1, len(padded)):
+            history = tuple(padded[max(0, i - order + 1):i])
+            counts[history, padded[i]] += 1
+            totals[history] += 1
+    index = {h: s for s, h in enumerate(lm.histories)}
+    for sequence in sequences:
+        state, ours, reference = 0, 1.0, 1.0
+        padded = [0] + sequence
+        for i, phone in enumerate(sequence, start=1):
+            arc = next(a for a in lm.arcs if a[0] == state and a[1] == phone)
+            ours *= arc[3]
+            history = tuple(padded[max(0, i - order + 1):i])
+            reference *= counts[history, phone] / totals[history]
+            state = arc[2]
+        history = tuple(padded[max(0, len(padded) - order + 1):])
+        ours *= lm.final[state]
+        reference *= counts[history, -1] / totals[history]
+        assert ours == pytest.approx(reference, rel=1e-12)
+        assert lm.histories[state] == history[-(order - 1):] and index[history[-(order - 1):]] == state
+
+
+def test_pruning_keeps_short_histories_and_the_most_frequent_long_ones():
+    sequences = random_sequences(3, count=200, phones=5)
+    lm = estimate_phone_lm(sequences, order=4, no_prune_order=3, extra_histories=7)
+    long = [h for h in lm.histories if len(h) == 3]
+    assert 0 < len(long) <= 7
+    # a history is what precedes a token (a phone or the end), the start written 0
+    occurrences = Counter(tuple(([0] + s)[i - 3:i]) for s in sequences for i in range(3, len(s) + 2))
+    assert occurrences.most_common(1)[0][0] in long
+    for h in long:  # both shorter parts kept: the model stays consistent
+        assert h[1:] in lm.histories and h[:-1] in lm.histories
+    assert len(estimate_phone_lm(sequences, order=4, extra_histories=10**6).histories) > len(lm.histories)
+
+
+# --------------------------------------------------------------------------- the denominator graph
+def toy_model(phones=(1, 2), loop=0.6):
+    """A 2-state left-to-right HMM for every phone, each state with a self-loop; forward pdf 2 (phone - 1) +
+    state, self-loop pdf 10 more (a chain topology's distinct pdfs, so that a mix-up shows)."""
+    entry = [HmmState(0, 0, ((0, loop), (1, 1 - loop))), HmmState(1, 1, ((1, loop), (2, 1 - loop))),
+             HmmState(-1, -1, ())]
+    tuples = [TransitionState(p, s, 2 * (p - 1) + s, 12 + 2 * (p - 1) + s) for p in phones for s in (0, 1)]
+    phone2idx = [-1] * (max(phones) + 1)
+    for p in phones:
+        phone2idx[p] = 0
+    return TransitionModel(HmmTopology(list(phones), phone2idx, [entry]), tuples, [0.0] * (2 * len(tuples) + 1)), entry
+
+
+def graph_sums(graph, T):
+    """Brute force over the graph: the total weight of every path of T arcs from an initial state to a final
+    one, by pdf sequence."""
+    out = defaultdict(float)
+    by_source = defaultdict(list)
+    for a in range(len(graph.src)):
+        by_source[graph.src[a]].append(a)
+    paths = [(s, (), graph.initial[s]) for s in range(graph.num_states) if graph.initial[s] > 0]
+    for _ in range(T):
+        paths = [(graph.dst[a], pdfs + (int(graph.pdf[a]),), w * graph.weight[a])
+                 for s, pdfs, w in paths for a in by_source[s]]
+    for s, pdfs, w in paths:
+        out[pdfs] += w * graph.final[s]
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def reference_sums(lm, entry, T, scale):
+    """Brute force over the definition: every phone sequence (its LM probability, the end included) and, for
+    each phone, every path through its HMM, the frames of all phones adding up to T."""
+    def phone_paths(p):  # (pdfs, weight) of each way through phone p's HMM, at most T frames
+        out, todo = [], [(0, (), 1.0)]
+        while todo:
+            state, pdfs, w = todo.pop()
+            if len(pdfs) == T:
+                continue
+            for destination, probability in entry[state].transitions:
+                pdf = 2 * (p - 1) + state + (12 if destination == state else 0)
+                step = (pdfs + (pdf,), w * probability ** scale)
+                if entry[destination].transitions:
+                    todo.append((destination,) + step)
+                else:
+                    out.append(step)
+        return out
+
+    out = defaultdict(float)
+    index = {h: s for s, h in enumerate(lm.histories)}
+    phones = sorted({p for _, p, _, _ in lm.arcs})
+    for n in range(1, T + 1):
+        for sequence in itertools.product(phones, repeat=n):
+            state, probability = 0, 1.0
+            for p in sequence:
+                arc = [a for a in lm.arcs if a[0] == state and a[1] == p]
+                if not arc:
+                    probability = 0.0
+                    break
+                probability *= arc[0][3]
+                state = arc[0][2]
+            probability *= lm.final[state] if probability else 0.0
+            if probability == 0:
+                continue
+            assert index  # (the LM is walked by its own arcs: the sequence's probability is its definition)
+            for pieces in itertools.product(*(phone_paths(p) for p in sequence)):
+                pdfs = sum((piece[0] for piece in pieces), ())
+                if len(pdfs) == T:
+                    out[pdfs] += probability * np.prod([piece[1] for piece in pieces])
+    return {k: v for k, v in out.items() if v > 0}
+
+
+@pytest.mark.parametrize("scale", [0.0, 1.0])
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_the_denominator_graph_sums_every_phone_sequence_and_hmm_path(order, scale):
+    tm, entry = toy_model()
+    lm = estimate_phone_lm([[1, 2, 1], [2, 2], [1], [2, 1, 1, 2]], order=order)
+    graph = denominator_graph(lm, tm, transition_scale=scale)
+    for T in range(1, 6):
+        ours, reference = graph_sums(graph, T), reference_sums(lm, entry, T, scale)
+        assert ours.keys() == reference.keys(), T
+        for pdfs in reference:
+            assert ours[pdfs] == pytest.approx(reference[pdfs], rel=1e-12), (T, pdfs)
+
+
+def test_a_context_dependent_model_is_refused():
+    tm, _ = toy_model()
+    tm.tuples.append(TransitionState(1, 0, 5, 5))  # phone 1's first state with a second pdf: a tree's doing
+    with pytest.raises(ValueError, match="decision tree"):
+        denominator_graph(estimate_phone_lm([[1, 2]], order=2), tm)
+
+
+@pytest.mark.parametrize("order, extra", [(3, 0), (4, 5), (5, 12), (5, 40), (6, 30)])
+def test_the_phone_lm_is_the_maximum_likelihood_model_of_its_own_walks(order, extra):
+    """Walking each training sequence along the LM's arcs, the tokens read in each state have exactly the
+    LM's probabilities: the states the estimator counted tokens under are the states the automaton is in.
+    (A history kept while the part of it before the newest phone was pruned breaks this.)"""
+    sequences = random_sequences(11, count=300, phones=3, longest=9)
+    lm = estimate_phone_lm(sequences, order=order, extra_histories=extra)
+    arcs = {(source, phone): (following, probability) for source, phone, following, probability in lm.arcs}
+    read = Counter()
+    for sequence in sequences:
+        state = 0
+        for phone in sequence:
+            read[state, phone] += 1
+            state = arcs[state, phone][0]
+        read[state, -1] += 1
+    totals = Counter()
+    for (state, _), count in read.items():
+        totals[state] += count
+    for (state, token), count in read.items():
+        probability = lm.final[state] if token == -1 else arcs[state, token][1]
+        assert probability == pytest.approx(count / totals[state], rel=1e-12), (lm.histories[state], token)
