@@ -179,7 +179,8 @@ class GraphBatch:
 
     ``num_states``: ``S``; ``src``, ``dst``, ``pdf``: ``(B, A)`` int64; ``weight``: ``(B, A)`` float;
     ``initial``, ``final``: ``(B, S)`` float; ``windows``: ``None`` or ``(B, T', S)`` (see :class:`ChainGraph`;
-    frames past a graph's own close every state: a numerator accepts its utterance's length only). Made by :meth:`ChainGraph.batch` or :meth:`ChainGraph.expand`.
+    frames past a graph's own close every state: a numerator accepts its utterance's length only). Made by
+    :meth:`ChainGraph.batch` or :meth:`ChainGraph.expand`.
 
     >>> ChainGraph.from_arcs(2, [(0, 1, 0, 1.0)]).expand(4).initial.shape
     torch.Size([4, 2])
