@@ -41,7 +41,29 @@ def _check_weights(name: str, weights: torch.Tensor) -> None:
 
 
 @dataclass(frozen=True)
-class ChainGraph:
+class _Arcs:
+    """The fields of one graph (:class:`ChainGraph`) and of a padded batch of them (:class:`GraphBatch`, one
+    more leading dimension on every tensor), and how both move to a device."""
+
+    num_states: int
+    src: torch.Tensor
+    dst: torch.Tensor
+    pdf: torch.Tensor
+    weight: torch.Tensor
+    initial: torch.Tensor
+    final: torch.Tensor
+    windows: Optional[torch.Tensor] = None
+
+    def to(self, device=None, dtype: Optional[torch.dtype] = None):
+        """The same on ``device`` with its weights (and windows) in ``dtype`` (ids stay int64)."""
+        windows = None if self.windows is None else self.windows.to(device, dtype)
+        return dataclasses.replace(
+            self, **{name: getattr(self, name).to(device) for name in ("src", "dst", "pdf")},
+            **{name: getattr(self, name).to(device, dtype) for name in ("weight", "initial", "final")}, windows=windows)
+
+
+@dataclass(frozen=True)
+class ChainGraph(_Arcs):
     """One epsilon-free FSA over pdf-ids, as tensors (every arc emits exactly one frame).
 
     ``num_states``: ``S``; ``src``, ``dst``, ``pdf``: ``(A,)`` int64 (states in ``[0, S)``, pdf-ids
@@ -56,15 +78,6 @@ class ChainGraph:
     >>> g.pdf.tolist(), g.initial.tolist(), g.weight.dtype
     ([3], [1.0], torch.float64)
     """
-
-    num_states: int
-    src: torch.Tensor
-    dst: torch.Tensor
-    pdf: torch.Tensor
-    weight: torch.Tensor
-    initial: torch.Tensor
-    final: torch.Tensor
-    windows: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         arcs = self.src.shape
@@ -111,13 +124,6 @@ class ChainGraph:
     def num_pdfs(self) -> int:
         """One more than the largest pdf-id on an arc (0 without arcs): the least output width it needs."""
         return int(self.pdf.max()) + 1 if self.num_arcs else 0
-
-    def to(self, device=None, dtype: Optional[torch.dtype] = None) -> "ChainGraph":
-        """The same graph with its tensors on ``device`` and its weights in ``dtype`` (ids stay int64)."""
-        windows = None if self.windows is None else self.windows.to(device, dtype)
-        return dataclasses.replace(
-            self, **{name: getattr(self, name).to(device) for name in ("src", "dst", "pdf")},
-            **{name: getattr(self, name).to(device, dtype) for name in ("weight", "initial", "final")}, windows=windows)
 
     def expand(self, batch_size: int) -> "GraphBatch":
         """This graph ``batch_size`` times as a :class:`GraphBatch`, without copying (expanded views): how the
@@ -173,7 +179,7 @@ class ChainGraph:
 
 
 @dataclass(frozen=True)
-class GraphBatch:
+class GraphBatch(_Arcs):
     """``B`` graphs with the same ``S`` and ``A`` (padded), one per utterance of a batch: what the
     forward-backward of :mod:`bru_kaldi.chain.objective` runs on.
 
@@ -186,26 +192,11 @@ class GraphBatch:
     torch.Size([4, 2])
     """
 
-    num_states: int
-    src: torch.Tensor
-    dst: torch.Tensor
-    pdf: torch.Tensor
-    weight: torch.Tensor
-    initial: torch.Tensor
-    final: torch.Tensor
-    windows: Optional[torch.Tensor] = None
-
     @property
     def batch_size(self) -> int:
         """``B``."""
         return self.src.shape[0]
 
-    def to(self, device=None, dtype: Optional[torch.dtype] = None) -> "GraphBatch":
-        """The same batch on ``device`` with its weights in ``dtype`` (ids stay int64)."""
-        windows = None if self.windows is None else self.windows.to(device, dtype)
-        return dataclasses.replace(
-            self, **{name: getattr(self, name).to(device) for name in ("src", "dst", "pdf")},
-            **{name: getattr(self, name).to(device, dtype) for name in ("weight", "initial", "final")}, windows=windows)
 
 
 def denominator_initial_probs(graph: ChainGraph, start_state=0, num_iters: int = 100) -> torch.Tensor:
