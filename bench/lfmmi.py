@@ -3,7 +3,7 @@
 
 Usage: python bench/lfmmi.py [--config cfg/MINI_liBRU_lfmmi.cfg] [--repeats 5] [--orders 2 3 4] [--smoke]
 
-One batch of the config's training set (its batch size, utterances of the corpus's median length),
+The largest batch of the config's training set (the first of its training batch size, if any is),
 the config's network: the network's forward and backward with a stand-in loss, against the LF-MMI loss's
 forward and backward (numerator graphs made from the batch's alignments, the denominator of each phone
 LM order asked for). Prints medians in ms and the objective's share of the whole step,

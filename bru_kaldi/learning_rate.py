@@ -33,9 +33,9 @@ def epoch_rates(archs, epoch: int, epochs: int, dev_errors: Sequence[float], rol
     return {a.arch_name: rollback_scale(rollbacks) * epoch_rate(a, epoch, epochs, dev_errors) for a in archs}
 
 
-def step_rate(epoch_rate_: float, arch, step: int) -> float:
-    """The rate of optimiser step ``step`` (from 0, counted over the whole run): the epoch's times warmup."""
-    return epoch_rate_ * warmup(step, arch.arch_warmup_steps)
+def step_rate(rate: float, arch, step: int) -> float:
+    """The rate of optimiser step ``step`` (from 0, counted over the whole run): the epoch's ``rate`` times warmup."""
+    return rate * warmup(step, arch.arch_warmup_steps)
 
 
 def rollback_scale(rollbacks: Sequence) -> float:

@@ -127,7 +127,6 @@ def reference_sums(lm, entry, T, scale):
         return out
 
     out = defaultdict(float)
-    index = {h: s for s, h in enumerate(lm.histories)}
     phones = sorted({p for _, p, _, _ in lm.arcs})
     for n in range(1, T + 1):
         for sequence in itertools.product(phones, repeat=n):
@@ -142,7 +141,6 @@ def reference_sums(lm, entry, T, scale):
             probability *= lm.final[state] if probability else 0.0
             if probability == 0:
                 continue
-            assert index  # (the LM is walked by its own arcs: the sequence's probability is its definition)
             for pieces in itertools.product(*(phone_paths(p) for p in sequence)):
                 pdfs = sum((piece[0] for piece in pieces), ())
                 if len(pdfs) == T:

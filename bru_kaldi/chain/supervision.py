@@ -10,6 +10,7 @@ pdf alignment (the batch's senone labels) with ``tolerance`` frames of freedom a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +53,7 @@ class ChainSupervision:
 
     def to(self, device, dtype: torch.dtype = torch.float32) -> "ChainSupervision":
         """The same, its denominator on ``device`` in ``dtype`` (the network's outputs' dtype; Kaldi's is float32)."""
-        return ChainSupervision(self.den_graph.to(device, dtype), self.leaky_hmm, self.xent_regularize,
-                                self.output_l2, self.tolerance)
+        return dataclasses.replace(self, den_graph=self.den_graph.to(device, dtype))
 
     def loss(self, output: torch.Tensor, pdfs: torch.Tensor, xent_output: Optional[torch.Tensor] = None) -> LFMMIResult:
         """The LF-MMI loss of ``output`` ``(B, T, P)`` against the pdf alignments ``pdfs`` ``(B, T)`` (``IGNORE``
