@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         from recipes.mini_timit.corpus import ensure_corpus
 
         root = Path(os.environ.get("BRU_BENCH_TINY", "/tmp/bru_kaldi_bench_tiny"))
-        ensure_corpus(root, size="tiny", seed=1, log=lambda line: None)
+        ensure_corpus(root / "tiny", size="tiny", seed=1, log=lambda line: None)  # the tiny size's own folder
         os.environ["MINI_TIMIT"] = str(root)
         overrides = ["--exp,builtin_corpus=tiny"]
         args.repeats = 1

@@ -99,6 +99,7 @@ class Exp:
     device: str = choice(*DEVICES, default="auto")  # auto: CUDA when available
     mixed_precision: bool = False  # bf16/fp16 autocast, CUDA only
     builtin_corpus: str = choice("none", *BUILTIN_SIZES, default="none")  # build the built-in corpus if missing
+    # the default size's folder; every other size lives in a folder of its name inside it (_sized_corpus)
     builtin_corpus_dir: str = "recipes/mini_timit"
     builtin_corpus_task: str = choice(*BUILTIN_TASKS, default="phones")  # phones (TIMIT-like) or words (WSJ-like)
 
@@ -468,6 +469,7 @@ def parse_config_text(text: str, overrides: Sequence[tuple[str, str, str]] = (),
                 sections[section][key] = _expand(value, f"{source} [{section}] {key}")
             except ConfigError as error:
                 problems.append(str(error))
+    _sized_corpus(sections)
 
     def single(name):
         return _fill(SINGLE_SECTIONS[name], sections.get(name, {}), f"{source} [{name}]", problems)
@@ -493,6 +495,37 @@ def parse_config_text(text: str, overrides: Sequence[tuple[str, str, str]] = (),
     validate(config, problems)
     raise_problems(problems, source)
     return config
+
+
+def _sized_corpus(sections: dict) -> None:
+    """Point a config at the built-in corpus's folder for the size it asks for, in place.
+
+    Each size has its own folder, so that trying ``--exp,builtin_corpus=tiny`` never touches the default
+    corpus: the default size is built in ``builtin_corpus_dir`` (``recipes/mini_timit``) and another size
+    in the folder of its name inside it (``recipes/mini_timit/tiny``). For a size other than the default,
+    ``builtin_corpus_dir`` and every ``<builtin_corpus_dir>/data/...`` and ``.../exp/...`` path in any
+    option (feature lists, labels, graphs, ``fea_opts``) move into that folder, so a config's paths need
+    not change with the size. A ``builtin_corpus_dir`` already named for its size is used as it is: the
+    resolved config an experiment writes reads back unchanged.
+
+    >>> sections = {"exp": {"builtin_corpus": "tiny", "builtin_corpus_dir": "c/"},
+    ...             "dataset1": {"fea": "fea_lst=c/data/train/feats.scp fea_opts=ark:c/data/x ark:cc/data/y"}}
+    >>> _sized_corpus(sections); sections["exp"]["builtin_corpus_dir"], sections["dataset1"]["fea"]
+    ('c/tiny', 'fea_lst=c/tiny/data/train/feats.scp fea_opts=ark:c/tiny/data/x ark:cc/data/y')
+    """
+    exp = sections.get("exp", {})
+    size = exp.get("builtin_corpus", "none")
+    if size in ("none", "default") or size not in BUILTIN_SIZES:
+        return  # an unknown size is reported by the schema's check
+    root = exp.get("builtin_corpus_dir", Exp.builtin_corpus_dir).rstrip("/") or "/"
+    if Path(root).name == size:
+        return
+    # the root as a whole path component, followed by the corpus's own data/ or exp/ folder
+    inside = re.compile(r"(?<![\w./-])" + re.escape(root) + r"/(?=(?:data|exp)(?:/|\s|$))")
+    for options in sections.values():
+        for key, value in options.items():
+            options[key] = inside.sub(f"{root}/{size}/", value)
+    exp["builtin_corpus_dir"] = f"{root}/{size}"
 
 
 def raise_problems(problems: Sequence[str], source: str) -> None:

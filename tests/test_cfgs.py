@@ -199,6 +199,22 @@ def test_default_mini_cfg_uses_the_corpus_in_the_repository(monkeypatch):
     assert cfg.datasets[0].lab[0].lab_graph == "recipes/mini_timit/exp/mono/graph"
 
 
+@pytest.mark.parametrize("path", ["MINI_liBRU.cfg", "MINIW_liGRU_lfmmi.cfg"])
+def test_the_tiny_size_reads_every_corpus_path_from_its_own_folder(path, monkeypatch, tmp_path):
+    """``--exp,builtin_corpus=tiny`` moves the corpus and every path into it to ``recipes/mini_timit/tiny``,
+    so that trying the tiny size never rebuilds the default corpus; the resolved config reads back as it is."""
+    monkeypatch.delenv("MINI_TIMIT")
+    resolved, again = tmp_path / "resolved.cfg", tmp_path / "again.cfg"
+    config.write_resolved(parse_config(CFG_DIR / path, ["--exp,builtin_corpus=tiny"]), resolved)
+    text = resolved.read_text()
+    corpus_paths = re.findall(r"recipes/mini_timit\S*", text)
+    assert len(corpus_paths) > 10, text
+    assert all(p.startswith("recipes/mini_timit/tiny") for p in corpus_paths), corpus_paths
+    config.write_resolved(parse_config(resolved), again)
+    body = lambda written: written.split("\n", 1)[1]  # after the "resolved from" line
+    assert body(again.read_text()) == body(text)  # not moved a second time
+
+
 @pytest.mark.parametrize("name, variable", [("TIMIT_liBRU", "TIMIT_EXP"), ("TIMIT_liBRU", "TIMIT_FMLLR"),
                                             ("WSJ_liBRU", "WSJ_FMLLR"), ("AMI_liGRU", "AMI_EXP")])
 def test_unset_variable_is_an_error_naming_it(monkeypatch, name, variable):

@@ -195,7 +195,7 @@ def test_kill_at_a_point_then_the_same_command_gives_the_uninterrupted_result(po
     if point == "building the corpus":  # the run builds its own (tiny) corpus, and is killed doing it
         from recipes.mini_timit.corpus import Corpus
 
-        corpus = Corpus(tmp_path / "corpus")
+        corpus = Corpus(tmp_path / "corpus")  # $MINI_TIMIT: the run builds the tiny size in corpus/tiny
     reference = tmp_path / "reference"
     arguments = ["--exp,builtin_corpus=tiny", f"--exp,builtin_corpus_dir={corpus.root}"] if corpus is not tiny_corpus else []
     run(tiny_corpus, reference)  # the uninterrupted run, on the session's corpus (the same bytes as a rebuild)
@@ -203,7 +203,8 @@ def test_kill_at_a_point_then_the_same_command_gives_the_uninterrupted_result(po
     env = environment(corpus, exp_dir)
     process = subprocess.Popen([sys.executable, "run_exp.py", str(CFG), *arguments], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    happening, deadline = _when(point, exp_dir, corpus.root), time.time() + 240
+    built = corpus.root / "tiny" if corpus is not tiny_corpus else corpus.root
+    happening, deadline = _when(point, exp_dir, built), time.time() + 240
     while process.poll() is None and not happening() and time.time() < deadline:
         time.sleep(0.002)
     assert process.poll() is None, f"the run ended before {point}"

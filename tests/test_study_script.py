@@ -36,8 +36,17 @@ def run_script(tmp_path, *options):
 def test_the_stages_sweep_the_claims_configs_and_the_word_task_then_make_the_tables(tmp_path):
     calls = run_script(tmp_path)
     verbs = [(c[0], c[1]) for c in calls]
-    assert verbs == [("compare.py", "sweep")] * 3  # nothing archived or run: no table yet
-    phones, phones_stacked, words = calls
+    assert verbs == [("compare.py", "sweep")] * 5  # nothing archived or run: no table yet
+    # seeds 1-5 of both tasks first, then the phone task's seeds 6-10: five seeds everywhere before more
+    phones, phones_stacked, words, more, more_stacked = calls
+    def seeds_of(sweep):
+        return sweep[sweep.index("--seeds") + 1]
+
+    def besides_seeds(sweep):
+        return [a for a in sweep if a != seeds_of(sweep)]
+
+    assert [seeds_of(c) for c in (more, more_stacked)] == ["6-10"] * 2
+    assert besides_seeds(more) == besides_seeds(phones) and besides_seeds(more_stacked) == besides_seeds(phones_stacked)
     phone_cfgs = [a for a in phones + phones_stacked if a.endswith(".cfg")]
     assert len(phone_cfgs) == 13 and all((ROOT / cfg).is_file() for cfg in phone_cfgs)
     # every system a claim names is trained, on its task
@@ -45,9 +54,9 @@ def test_the_stages_sweep_the_claims_configs_and_the_word_task_then_make_the_tab
         rows = [line.split("\t") for line in (ROOT / "results" / claims).read_text().splitlines()[1:] if line]
         named = {name for row in rows for name in row[3].split(":")}
         assert {f"cfg/{name}.cfg" for name in named} <= set(cfgs), (claims, named)
-    for sweep, seeds in ((phones, "1-10"), (phones_stacked, "1-10"), (words, "1-5")):
+    for sweep, seeds in ((phones, "1-5"), (phones_stacked, "1-5"), (words, "1-5")):
         assert "--exp,n_epochs_tr=24" in sweep and "--exp,patience=2" in sweep
-        assert sweep[sweep.index("--seeds") + 1] == seeds
+        assert seeds_of(sweep) == seeds
     assert [a for a in words if a.endswith(".cfg")] == ["cfg/MINIW_liBRU.cfg", "cfg/MINIW_liGRU.cfg", "cfg/MINIW_LSTM.cfg"]
     # one optimiser and one rate in every architecture, also where a config ships with others
     assert "opt_bias_correction = False" in (ROOT / "cfg" / "MINI_GRU.cfg").read_text()
@@ -61,11 +70,11 @@ def test_the_stages_sweep_the_claims_configs_and_the_word_task_then_make_the_tab
     assert str(tmp_path / "out" / "phones") in phones and str(tmp_path / "out" / "words") in words
 
 
-def test_stage_3_archives_the_runs_and_makes_the_tables_with_the_claims(tmp_path):
+def test_stage_4_archives_the_runs_and_makes_the_tables_with_the_claims(tmp_path):
     kept = tmp_path / "kept"
     (tmp_path / "out" / "phones").mkdir(parents=True)
     fake_run(kept / "phones" / "MINI_GRU" / "seed1", "MINI_GRU", "gru", 1, [1] * 30, 20, 20)
-    calls = run_script(tmp_path, "--stage", "3")
+    calls = run_script(tmp_path, "--stage", "4")
     archives = [c for c in calls if c[:2] == ["compare.py", "archive"]]
     assert [c[2:] for c in archives] == [[str(tmp_path / "out" / "phones"), str(kept / "phones")]]
     (table,) = [c for c in calls if c[:2] == ["compare.py", "table"]]  # no word runs: the phone table alone

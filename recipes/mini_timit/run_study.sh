@@ -8,7 +8,7 @@
 # else equal.
 #
 #   recipes/mini_timit/run_study.sh                 # everything not yet finished (about 18 h on 2 cores)
-#   recipes/mini_timit/run_study.sh --stage 3       # only the tables and figures, from the runs so far
+#   recipes/mini_timit/run_study.sh --stage 4       # only the tables and figures, from the runs so far
 #
 # The seeds: what the budget (about 15-18 h on 2 cores) affords, not what every pair would need. From the
 # first study's three seeds (their spread, and the test set's scaled from 56 to 192 utterances), resolving
@@ -24,10 +24,12 @@
 # ([exp] patience, cfg/README.md). Everything else is each config's own.
 #
 # Stages (a killed stage resumes where it stopped: compare.py skips finished runs and run_exp.py
-# resumes an unfinished one from its last checkpoint):
-#   1 phones   compare.py sweep of the phone configs -> <out>/phones/<config>/seed<N>
-#   2 words    compare.py sweep of MINIW_liBRU, MINIW_liGRU, MINIW_LSTM -> <out>/words/...
-#   3 tables   compare.py archive of the finished runs (no weights) into <archive> (results/study_runs/layout2,
+# resumes an unfinished one from its last checkpoint). The seeds come in two rounds, so that every config
+# of both tasks has the five seeds a run-level verdict needs before any has more:
+#   1 phones   compare.py sweep of the phone configs at seeds 1-5 -> <out>/phones/<config>/seed<N>
+#   2 words    compare.py sweep of MINIW_liBRU, MINIW_liGRU, MINIW_LSTM at seeds 1-5 -> <out>/words/...
+#   3 more     the phone configs at seeds 6-10
+#   4 tables   compare.py archive of the finished runs (no weights) into <archive> (results/study_runs/layout2,
 #              committed); compare.py table of that, with the claims, into RESULTS.md's generated
 #              sections study-layout2-phones and -words; figures into results/study_layout2_*
 # A study can take several sittings on several clones: stages 1-2 first copy into <out> the archived
@@ -37,12 +39,13 @@
 
 # Begin configuration section.
 stage=1
-stop_stage=3
-seeds=1-10
+stop_stage=4
+seeds=1-5
+more_seeds=6-10
 word_seeds=1-5
 jobs=2              # runs at a time, each with cores / jobs threads
 out=exp/study_layout2
-archive=results/study_runs/layout2  # the finished runs without weights (stage 3), committed: the study's memory
+archive=results/study_runs/layout2  # the finished runs without weights (stage 4), committed: the study's memory
 epochs=24
 patience=2
 lr=0.002
@@ -55,8 +58,9 @@ usage() {
 Usage: $0 [options]
  e.g.: $0 --stage 4
 Options (defaults in brackets):
-  --stage N [$stage]  --stop-stage N [$stop_stage]   first and last stage to run (1-3)
-  --seeds LIST [$seeds]   --word-seeds LIST [$word_seeds]   --jobs N [$jobs]   --out DIR [$out]
+  --stage N [$stage]  --stop-stage N [$stop_stage]   first and last stage to run (1-4)
+  --seeds LIST [$seeds]   --more-seeds LIST [$more_seeds]   the phone task's two rounds of seeds
+  --word-seeds LIST [$word_seeds]   --jobs N [$jobs]   --out DIR [$out]
   --archive DIR [$archive]   --epochs N [$epochs]   --patience N [$patience]   the schedule's budget and stopping
   rule   --lr X [$lr]   every architecture's rate
 USAGE
@@ -125,7 +129,13 @@ if [ $stage -le 2 ] && [ $stop_stage -ge 2 ]; then
 fi
 
 if [ $stage -le 3 ] && [ $stop_stage -ge 3 ]; then
-  echo "$(date '+%F %T') Stage 3: tables"
+  echo "$(date '+%F %T') Stage 3: phones, more seeds"
+  restore phones
+  sweep "$more_seeds" $out/phones "${phones[@]}"
+fi
+
+if [ $stage -le 4 ] && [ $stop_stage -ge 4 ]; then
+  echo "$(date '+%F %T') Stage 4: tables"
   for task in phones words; do
     [ -d "$out/$task" ] && python compare.py archive "$out/$task" "$kept/$task"
   done
