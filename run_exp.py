@@ -47,7 +47,8 @@ from tqdm import tqdm
 from bru_kaldi import decoding
 from bru_kaldi.atomic import WriteError, write_atomically
 from bru_kaldi.builtin_corpus import BuiltinCorpusError, ensure_builtin_corpus
-from bru_kaldi.chain.supervision import ChainSupervision, denominator_from_alignments
+from bru_kaldi.chain.den_graph import write_den_fst
+from bru_kaldi.chain.supervision import ChainSupervision, estimate_denominator
 from bru_kaldi.config import Config, ConfigError, convert_pytorch_kaldi, parse_config, parse_overrides, write_resolved
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
@@ -164,8 +165,14 @@ def load_training_data(config: Config, exp: Experiment, device: torch.device, di
     if config.model.objective == "lfmmi":  # the denominator: a phone LM of the training alignments, with the HMMs
         m = config.model
         lab_folder = next(s.lab_folder for s in train_spec.lab if s.lab_name == senone)
-        den = denominator_from_alignments(lab_folder, m.lfmmi_phone_lm_order)
-        chain = ChainSupervision(den, m.lfmmi_leaky_hmm, m.lfmmi_xent_regularize, m.lfmmi_output_l2,
+        den = estimate_denominator(lab_folder, m.lfmmi_phone_lm_order, den_fst=m.lfmmi_den_fst)
+        pdfs = train_set.label_dims[senone]
+        if int(den.pdf.max()) >= pdfs:
+            raise KaldiIOError(f"{m.lfmmi_den_fst or lab_folder}: the denominator uses pdf {int(den.pdf.max())}, the "
+                             f"senone labels have {pdfs} pdfs")
+        if dist.main:
+            write_den_fst(den, exp.folder / "den.fst")  # for fstinfo, fstprint and Kaldi's chain tools
+        chain = ChainSupervision(den.chain_graph(), m.lfmmi_leaky_hmm, m.lfmmi_xent_regularize, m.lfmmi_output_l2,
                                  m.lfmmi_tolerance).to(device)
     return Training(config, exp, device, dist, train_set, dev_set, chance, chain)
 

@@ -247,13 +247,16 @@ class Model:
     # the training objective of the senone output: ce, or lfmmi (lattice-free MMI, bru_kaldi.chain), whose
     # options follow, with Kaldi's chain defaults: the leaky HMM's coefficient, the weight of the
     # cross-entropy of a separate output head (xent_regularize), L2 on the chain output, the phone LM's order
-    # (chain-est-phone-lm), and the frames by which the numerator may move a phone's boundaries
+    # (chain-est-phone-lm), the frames by which the numerator may move a phone's boundaries, and a den.fst
+    # to train with instead of the phone LM estimated from the training alignments (Kaldi's
+    # chain-make-den-fst's, e.g. of a triphone system, whose pdfs are the senone labels')
     objective: str = choice(*OBJECTIVES, default="ce")
     lfmmi_leaky_hmm: float = 0.1
     lfmmi_xent_regularize: float = 0.1
     lfmmi_output_l2: float = 0.0
     lfmmi_phone_lm_order: int = 4
     lfmmi_tolerance: int = 5
+    lfmmi_den_fst: str = ""
 
 
 @dataclass

@@ -3,7 +3,8 @@
 The phone n-gram against n-gram counts taken directly and against the definition of a distribution
 (every state's outgoing probabilities sum to one; the probabilities of all finite phone sequences sum
 to one); the denominator graph against a brute-force enumeration of every phone sequence the LM
-allows and every HMM path through it, frame by frame.
+allows and every HMM path through it, frame by frame; and the graph written as den.fst and read back
+against the same enumeration.
 """
 
 import itertools
@@ -13,7 +14,8 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from bru_kaldi.chain.den_graph import denominator_graph
+from bru_kaldi.chain.den_graph import DenominatorGraph, denominator_graph, read_den_fst, write_den_fst
+from bru_kaldi.kaldi.rspecifiers import KaldiIOError
 from bru_kaldi.chain.phone_lm import estimate_phone_lm
 from bru_kaldi.kaldi.transition_model import HmmState, HmmTopology, TransitionModel, TransitionState
 
@@ -159,6 +161,50 @@ def test_the_denominator_graph_sums_every_phone_sequence_and_hmm_path(order, sca
         assert ours.keys() == reference.keys(), T
         for pdfs in reference:
             assert ours[pdfs] == pytest.approx(reference[pdfs], rel=1e-12), (T, pdfs)
+
+
+@pytest.mark.parametrize("order", [1, 3])
+def test_den_fst_keeps_every_path_and_its_weight(order, tmp_path):
+    """Written as den.fst (one start state, pdf-id + 1 labels, -log weights) and read back: every pdf
+    sequence of 1-5 frames has the weight the brute force over the LM and the HMMs gives it."""
+    import kaldifst
+
+    tm, entry = toy_model()
+    lm = estimate_phone_lm([[1, 2, 1], [2, 2], [1], [2, 1, 1, 2]], order=order)
+    graph = denominator_graph(lm, tm, transition_scale=1.0)
+    write_den_fst(graph, tmp_path / "den.fst")
+    fst = kaldifst.StdVectorFst.read(str(tmp_path / "den.fst"))  # OpenFst's own reader, not ours
+    labels = {(a.ilabel, a.olabel) for state in range(fst.num_states) for a in kaldifst.ArcIterator(fst, state)}
+    assert fst.num_states == graph.num_states + 1 and fst.start == 0
+    assert {i for i, o in labels} == {int(p) + 1 for p in graph.pdf} and all(i == o for i, o in labels)
+    back = read_den_fst(tmp_path / "den.fst")
+    for T in range(1, 6):
+        ours, reference = graph_sums(back, T), reference_sums(lm, entry, T, 1.0)
+        assert ours.keys() == reference.keys(), T
+        for pdfs in reference:
+            # rel 1e-6: OpenFst's StdArc keeps its -log weights in float32, as Kaldi's den.fst does
+            assert ours[pdfs] == pytest.approx(reference[pdfs], rel=1e-6), (T, pdfs)
+    # and as the objective's denominator: every state final, initial probabilities from its start
+    chain = back.chain_graph()
+    assert chain.num_states == back.num_states and float(chain.initial.sum()) == pytest.approx(1.0)
+
+
+def test_a_file_that_is_not_a_denominator_fst_is_refused_naming_it(tmp_path):
+    import kaldifst
+
+    (tmp_path / "text.fst").write_text("0 1 3 3 0.5\n1\n")
+    with pytest.raises(KaldiIOError, match="text.fst: not an OpenFst"):
+        read_den_fst(tmp_path / "text.fst")
+    fst = kaldifst.StdVectorFst()
+    fst.add_state(), fst.add_state()
+    fst.start = 0
+    fst.add_arc(0, kaldifst.StdArc(0, 0, 0.0, 1))  # an epsilon: each frame must emit a pdf
+    fst.set_final(1, 0.0)
+    fst.write(str(tmp_path / "eps.fst"))
+    with pytest.raises(KaldiIOError, match="eps.fst: state 0 has an arc labelled 0:0"):
+        read_den_fst(tmp_path / "eps.fst")
+    with pytest.raises(FileNotFoundError, match="missing.fst"):
+        read_den_fst(tmp_path / "missing.fst")
 
 
 def test_a_context_dependent_model_is_refused():

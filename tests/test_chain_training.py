@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import run_exp
-from bru_kaldi.chain.supervision import denominator_from_alignments
+from bru_kaldi.chain.den_graph import read_den_fst, write_den_fst
+from bru_kaldi.chain.supervision import denominator_from_alignments, estimate_denominator
 from bru_kaldi.config import parse_config
 from bru_kaldi.corpus import Corpus, dataset_for, loader_options
 from bru_kaldi.feature_transforms import GlobalNorm
@@ -36,6 +37,16 @@ def test_an_lfmmi_config_trains_forwards_the_chain_output_decodes_and_scores(tin
         assert re.search(rf"^{split}: %WER [\d.]+ \[ \d+ / \d+,", res, re.M), result.stdout[-2000:]
     weights = torch.load(exp_dir / "final.pt", weights_only=True)["model"]
     assert "xent.weight" in weights  # the cross-entropy regularisation's own head
+    # the denominator it trained with, as den.fst: the estimated graph, one start state more
+    den = read_den_fst(exp_dir / "den.fst")
+    estimated = estimate_denominator(tiny_corpus.root / "exp" / "mono_ali_train", order=4)  # the default order
+    assert den.num_states == estimated.num_states + 1
+    assert sorted(den.pdf[den.src > 0].tolist()) == sorted(estimated.pdf.tolist())
+    # given back as [model] lfmmi_den_fst, it is what a run reads: one whose pdfs the labels lack is refused
+    den.pdf[0] = 999
+    write_den_fst(den, tmp_path / "wrong.fst")
+    refused = run(tiny_corpus, tmp_path / "refused", *LFMMI, f"--model,lfmmi_den_fst={tmp_path / 'wrong.fst'}", expect=1)
+    assert f"{tmp_path / 'wrong.fst'}: the denominator uses pdf 999, the senone labels have" in refused.stderr
     # forward wrote the chain head's output itself: no softmax, no priors
     monkeypatch.setenv("MINI_TIMIT", str(tiny_corpus.root))
     monkeypatch.setenv("BRU_TEST_EXP", str(exp_dir))

@@ -290,10 +290,35 @@ def test_run_sh_usage_shellcheck_and_skipping(tiny_corpus):
     result = subprocess.run(["bash", str(run_sh), "--size", "tiny", "--seed", str(TINY_SEED), "--stage", "5",
                              str(tiny_corpus.root)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "Stages 5-6 are complete" in result.stdout and "nothing to do" in result.stdout
+    assert "Stages 5-7 are complete" in result.stdout and "nothing to do" in result.stdout
     assert ") Stage 5: make_graph" not in result.stdout  # not even started
     with gzip.open(tiny_corpus.ali("test") / "ali.1.gz") as f:
         assert f.read(1)  # untouched
+
+
+def self_loops_and_others(hclg_path: Path) -> tuple[list, list]:
+    """HCLG's arcs as ``(state, ilabel, olabel, nextstate, weight)``: the self-loops, and the rest."""
+    import kaldifst
+
+    fst = kaldifst.StdVectorFst.read(str(hclg_path))
+    arcs = [(state, a.ilabel, a.olabel, a.nextstate, a.weight.value)
+            for state in range(fst.num_states) for a in kaldifst.ArcIterator(fst, state)]
+    return [a for a in arcs if a[0] == a[3]], [a for a in arcs if a[0] != a[3]]
+
+
+def test_the_chain_graph_has_the_self_loops_at_scale_one(tiny_corpus):
+    """Stage 7's graph_chain is stage 5's graph with mkgraph.sh's self-loop scale 1.0 instead of 0.1: the
+    same arcs, each self-loop's cost ten times the cross-entropy graph's and equal to -log of the
+    model's self-loop probability."""
+    ce_loops, ce_rest = self_loops_and_others(tiny_corpus.root / "exp" / "mono" / "graph" / "HCLG.fst")
+    chain_loops, chain_rest = self_loops_and_others(tiny_corpus.root / "exp" / "mono" / "graph_chain" / "HCLG.fst")
+    assert [a[:4] for a in chain_loops] == [a[:4] for a in ce_loops] and len(chain_loops) > 10
+    assert [a[:4] for a in chain_rest] == [a[:4] for a in ce_rest]
+    tm = read_transition_model(tiny_corpus.model)
+    for ce, chain in zip(ce_loops, chain_loops):
+        assert chain[4] == pytest.approx(10 * ce[4], rel=1e-5, abs=1e-6)
+        assert chain[4] == pytest.approx(-float(tm.log_probs[chain[1]]), rel=1e-5, abs=1e-6)  # ilabel: a transition-id
+    assert any(chain[4] > 0.05 for chain in chain_loops)
 
 
 @pytest.mark.parametrize("module", [phoneset, espeak])

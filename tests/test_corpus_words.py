@@ -380,7 +380,7 @@ def test_run_sh_task_option_usage_shellcheck_and_fast_path(words, tmp_path):
     if shellcheck:
         assert subprocess.run([shellcheck, str(RUN_SH)], capture_output=True).returncode == 0
     result = run_sh("--task", "words", "--size", "tiny", "--seed", TINY_SEED, corpus.root)
-    assert "Stages 0-6 are complete" in result.stdout and "(task words" in result.stdout
+    assert "Stages 0-7 are complete" in result.stdout and "(task words" in result.stdout
     assert ") Stage " not in result.stdout and "oracle WER" in result.stdout
     with pytest.raises(RuntimeError, match="built with size=tiny"):
         layout.first_incomplete(corpus.root, "default", TINY_SEED, "words")
@@ -399,12 +399,12 @@ def test_a_shared_stage_invalidates_both_tasks_a_word_stage_only_its_own(tmp_pat
         assert run is False  # complete: skipped
     stage_marker(tmp_path, 4, "words").unlink()
     with layout.run_stage(tmp_path, 4, "tiny", 1, inputs=(2, 3), task="words") as run:
-        assert run and not stage_marker(tmp_path, 6, "words").exists()
-        assert all(stage_marker(tmp_path, s, "phones").exists() for s in range(7))
+        assert run and not any(stage_marker(tmp_path, s, "words").exists() for s in (5, 6, 7))
+        assert all(stage_marker(tmp_path, s, "phones").exists() for s in range(8))
     stage_marker(tmp_path, 2, "phones").unlink()
     with layout.run_stage(tmp_path, 2, "tiny", 1) as run:
         assert run
-        assert not any(stage_marker(tmp_path, s, t).exists() for t in layout.TASKS for s in range(2, 7))
+        assert not any(stage_marker(tmp_path, s, t).exists() for t in layout.TASKS for s in range(2, 8))
     assert layout.first_incomplete(tmp_path, "tiny", 1, "words") == 3
 
 
@@ -419,6 +419,20 @@ def test_corpus_paths_and_ensure_corpus(words):
     assert again == corpus and any("nothing to do" in line for line in lines_seen)
 
 
+@pytest.mark.parametrize("lm", ["tg", "tgpr"])
+def test_the_chain_graphs_have_the_self_loops_at_scale_one(words, lm):
+    """Stage 7: graph_chain_<lm> is graph_<lm> with the self-loops at scale 1.0 (as the phone task's)."""
+    from tests.test_corpus import self_loops_and_others
+
+    corpus = words[0]
+    ce_loops, ce_rest = self_loops_and_others(corpus.lm_graph(lm) / "HCLG.fst")
+    chain_loops, chain_rest = self_loops_and_others(corpus.root / "exp" / "mono_words" / f"graph_chain_{lm}" / "HCLG.fst")
+    assert [a[:4] for a in chain_loops] == [a[:4] for a in ce_loops] and len(chain_loops) > 10
+    assert [a[:4] for a in chain_rest] == [a[:4] for a in ce_rest]
+    assert all(chain[4] == pytest.approx(10 * ce[4], rel=1e-5, abs=1e-6) for ce, chain in zip(ce_loops, chain_loops))
+    assert any(chain[4] > 0.05 for chain in chain_loops)
+
+
 # ------------------------------------------------------------------------------ determinism (last: rebuilds)
 
 
@@ -431,7 +445,7 @@ def test_a_rebuild_of_the_word_task_is_byte_identical(words):
     before = digests(root, word_outputs)
     stage_marker(root, 3, "words").unlink()
     result = run_sh("--task", "words", "--size", "tiny", "--seed", TINY_SEED, root)
-    assert ") Stage 3: prepare_lang_words" in result.stdout and ") Stage 6: check_words" in result.stdout
+    assert ") Stage 3: prepare_lang_words" in result.stdout and ") Stage 7: make_graph_chain_words" in result.stdout
     assert digests(root, word_outputs) == before
     with gzip.open(corpus.ali("test") / "ali.1.gz") as f:
         assert f.read(1)

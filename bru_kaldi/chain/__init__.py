@@ -6,11 +6,13 @@ the probability domain with per-frame renormalisation, vectorised over the batch
 
 =================  ==========================================================================
 ``phone_lm``       the phone n-gram of the training alignments' phone sequences (the denominator's LM)
-``den_graph``      the denominator graph: that LM composed with the HMMs, one arc per frame
+``den_graph``      the denominator graph: that LM composed with the HMMs, one arc per frame; written
+                   and read as Kaldi's ``den.fst`` (OpenFst)
 ``graph``          the graphs: :class:`~bru_kaldi.chain.graph.ChainGraph` (one FSA: arcs with
                    pdf-ids and weights, initial and final weights), :class:`~bru_kaldi.chain.graph.GraphBatch`
                    (graphs of different sizes padded into one batch), the denominator graph's
                    initial probabilities, and the numerator graph of an alignment with a tolerance
+``supervision``    a training set's denominator (estimated, or a ``den.fst``) and a batch's numerators
 ``objective``      the forward-backward over a batch (denominator with the leaky HMM, numerator),
                    the chain objective with its hand-written gradient ``num_post - den_post``,
                    and :func:`~bru_kaldi.chain.objective.lfmmi_loss` with cross-entropy and L2

@@ -17,7 +17,12 @@ HMM transition weight 1, as Kaldi builds its chain denominator (the network's ou
 the topology's probabilities. The pdf of each ``(phone, HMM state)`` comes from the TransitionModel, so
 this covers models whose pdfs depend on the phone and state alone: monophone systems such as the
 built-in corpus's. A context-dependent (triphone) system needs its decision tree as well, which is not
-read yet.
+read yet; such a system's own ``den.fst``, made by Kaldi's ``chain-make-den-fst``, is read instead
+(:func:`read_den_fst`).
+
+On disk the graph is ``den.fst`` as Kaldi's chain recipes keep it (:func:`write_den_fst`): an OpenFst
+``StdVectorFst`` acceptor whose labels are pdf-id + 1 (0 is epsilon in OpenFst) and whose weights are
+``-log`` of ours, readable by kaldifst, OpenFst's ``fstinfo`` and Kaldi's chain tools.
 
 >>> from bru_kaldi.chain.phone_lm import estimate_phone_lm
 >>> from bru_kaldi.kaldi.transition_model import TransitionModel, HmmTopology, HmmState, TransitionState
@@ -36,15 +41,17 @@ read yet.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from bru_kaldi.chain.graph import ChainGraph, denominator_initial_probs
 from bru_kaldi.chain.phone_lm import PhoneLM
+from bru_kaldi.kaldi.rspecifiers import KaldiIOError
 from bru_kaldi.kaldi.transition_model import TransitionModel
 
 
@@ -140,3 +147,88 @@ def _dense(values: dict, size: int) -> np.ndarray:
     for i, v in values.items():
         out[i] = v
     return out
+
+
+def write_den_fst(graph: DenominatorGraph, path) -> None:
+    """Write ``graph`` as ``den.fst`` (module docstring), atomically: its language exactly, its weights to
+    float32 precision (OpenFst's ``StdArc``, as Kaldi's den.fst).
+
+    An FST has one start state where ours has initial weights, and an FST's arcs must each emit a pdf
+    (Kaldi's denominator has no epsilons), so state 0 is a new start whose arcs are the first frame's:
+    one per arc ``i -> j`` of ours with weight ``initial[i] * weight``. Our state ``i`` is ``i + 1``, with
+    its final weight. A path of ``T`` arcs then weighs what the same pdfs weigh in ``graph``.
+
+    >>> import tempfile, kaldifst
+    >>> g = DenominatorGraph(np.array([0]), np.array([1]), np.array([3]), np.array([0.5]), np.array([1.0, 0.0]),
+    ...                      np.array([0.0, 1.0]), [0, 1])
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     write_den_fst(g, f"{d}/den.fst"); fst = kaldifst.StdVectorFst.read(f"{d}/den.fst")
+    >>> fst.num_states, fst.start, [(a.ilabel, round(a.weight.value, 4), a.nextstate) for a in kaldifst.ArcIterator(fst, 0)]
+    (3, 0, [(4, 0.6931, 2)])
+    """
+    import kaldifst  # only here: reading a config or training needs no OpenFst
+
+    from bru_kaldi.atomic import atomic_path
+
+    fst = kaldifst.StdVectorFst()
+    for _ in range(graph.num_states + 1):
+        fst.add_state()
+    fst.start = 0
+    out_of = [[] for _ in range(graph.num_states)]
+    for a, b, p, w in zip(graph.src.tolist(), graph.dst.tolist(), graph.pdf.tolist(), graph.weight.tolist()):
+        out_of[a].append((b, p, w))
+        fst.add_arc(a + 1, kaldifst.StdArc(p + 1, p + 1, -math.log(w), b + 1))
+    for state, probability in enumerate(graph.initial.tolist()):
+        for b, p, w in out_of[state] if probability > 0 else ():
+            fst.add_arc(0, kaldifst.StdArc(p + 1, p + 1, -math.log(probability * w), b + 1))
+    for state, probability in enumerate(graph.final.tolist()):
+        if probability > 0:
+            fst.set_final(state + 1, -math.log(probability))
+    with atomic_path(Path(path)) as temporary:
+        fst.write(str(temporary))
+
+
+def read_den_fst(path) -> DenominatorGraph:
+    """A ``den.fst`` (ours, or Kaldi's ``chain-make-den-fst``'s, e.g. from a triphone chain system's
+    ``exp/chain/tdnn*/den.fst``) as a :class:`DenominatorGraph`: initial weight 1 on the FST's start
+    state, its final weights, its arcs with pdf ``label - 1`` and weight ``exp(-w)``; states are named
+    by their FST ids. Raises ``KaldiIOError`` naming the file for a file OpenFst cannot read, an empty
+    FST, or an epsilon arc or one whose input and output labels differ (not a denominator acceptor).
+
+    >>> import tempfile
+    >>> g = DenominatorGraph(np.array([0, 0]), np.array([0, 1]), np.array([2, 0]), np.array([0.25, 0.75]),
+    ...                      np.array([1.0, 0.0]), np.array([0.0, 1.0]), [0, 1])
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     write_den_fst(g, f"{d}/den.fst"); back = read_den_fst(f"{d}/den.fst")
+    >>> back.num_states, sorted(zip(back.src.tolist(), back.pdf.tolist(), back.weight.round(4).tolist()))[:2]
+    (3, [(0, 0, 0.75), (0, 2, 0.25)])
+    """
+    import kaldifst
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such denominator FST")
+    try:
+        fst = kaldifst.StdVectorFst.read(str(path))
+    except Exception as error:
+        fst, why = None, str(error)
+    else:
+        why = "OpenFst's reader failed; its message is above"  # it prints it, and returns None
+    if fst is None:
+        raise KaldiIOError(f"{path}: not an OpenFst StdVectorFst ({why})")
+    src, dst, pdf, weight = [], [], [], []
+    final = np.zeros(fst.num_states)
+    for state in range(fst.num_states):
+        for arc in kaldifst.ArcIterator(fst, state):
+            if arc.ilabel == 0 or arc.ilabel != arc.olabel:
+                raise KaldiIOError(f"{path}: state {state} has an arc labelled {arc.ilabel}:{arc.olabel}; a denominator "
+                                 "FST is an acceptor of pdf-id + 1, without epsilons (chain-make-den-fst's den.fst)")
+            src.append(state), dst.append(arc.nextstate), pdf.append(arc.ilabel - 1)
+            weight.append(math.exp(-arc.weight.value))
+        final[state] = math.exp(-fst.final(state).value)  # OpenFst's non-final is +inf: exp(-inf) = 0
+    if fst.start < 0 or not src:
+        raise KaldiIOError(f"{path}: an empty FST (no start state or no arcs)")
+    initial = np.zeros(fst.num_states)
+    initial[fst.start] = 1.0
+    return DenominatorGraph(np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64), np.array(pdf, dtype=np.int64),
+                            np.array(weight), initial, final, list(range(fst.num_states)))

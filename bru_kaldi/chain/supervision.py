@@ -1,8 +1,9 @@
 """LF-MMI training's supervision: the denominator graph of a training set, and a batch's numerator graphs.
 
-:func:`denominator_from_alignments` estimates the phone n-gram from the phone sequences of a training
-set's alignments (``ali-to-phones`` through its ``final.mdl``), composes it with the HMMs of that
-``final.mdl`` and sets the result up as Kaldi's denominator. :class:`ChainSupervision` holds it with the
+:func:`estimate_denominator` estimates the phone n-gram from the phone sequences of a training
+set's alignments (``ali-to-phones`` through its ``final.mdl``) and composes it with the HMMs of that
+``final.mdl`` (or reads a ``den.fst`` instead); :func:`denominator_from_alignments` sets the result up as
+Kaldi's denominator. :class:`ChainSupervision` holds it with the
 objective's options and computes a batch's loss: each utterance's numerator graph is made from its
 pdf alignment (the batch's senone labels) with ``tolerance`` frames of freedom at each boundary
 (``graph.numerator_graph``), and :func:`~bru_kaldi.chain.objective.lfmmi_loss` does the rest.
@@ -19,7 +20,7 @@ from typing import Optional
 import torch
 
 from bru_kaldi.batching import IGNORE
-from bru_kaldi.chain.den_graph import denominator_graph
+from bru_kaldi.chain.den_graph import DenominatorGraph, denominator_graph, read_den_fst
 from bru_kaldi.chain.graph import ChainGraph, numerator_graph
 from bru_kaldi.chain.objective import LFMMIResult, lfmmi_loss
 from bru_kaldi.chain.phone_lm import estimate_phone_lm
@@ -29,16 +30,28 @@ from bru_kaldi.kaldi.transition_model import read_transition_model
 log = logging.getLogger(__name__)
 
 
-def denominator_from_alignments(lab_folder, order: int = 4, transition_scale: float = 0.0) -> ChainGraph:
+def estimate_denominator(lab_folder, order: int = 4, transition_scale: float = 0.0,
+                         den_fst: str = "") -> DenominatorGraph:
     """The denominator graph of the alignments in ``lab_folder`` (``ali.*.gz`` and ``final.mdl``): a phone
-    n-gram of order ``order`` over their phone sequences, composed with ``final.mdl``'s HMMs."""
+    n-gram of order ``order`` over their phone sequences, composed with ``final.mdl``'s HMMs. With
+    ``den_fst`` (a path), that FST instead (``den_graph.read_den_fst``: Kaldi's, for a context-dependent
+    system, whose decision tree we do not read)."""
+    if den_fst:
+        graph = read_den_fst(den_fst)
+        log.info("LF-MMI denominator: %s, %d states, %d arcs", den_fst, graph.num_states, len(graph.src))
+        return graph
     model = read_transition_model(Path(lab_folder) / "final.mdl")
     sequences = [model.ali_to_phones(ali) for _, ali in read_alignments(str(lab_folder))]
     lm = estimate_phone_lm(sequences, order=order)
     graph = denominator_graph(lm, model, transition_scale)
     log.info("LF-MMI denominator: a %d-gram of %d phone sequences (%d states), composed with the HMMs: %d states, "
              "%d arcs", order, len(sequences), lm.num_states, graph.num_states, len(graph.src))
-    return graph.chain_graph()
+    return graph
+
+
+def denominator_from_alignments(lab_folder, order: int = 4, transition_scale: float = 0.0) -> ChainGraph:
+    """:func:`estimate_denominator`'s graph set up as Kaldi's denominator (``DenominatorGraph.chain_graph``)."""
+    return estimate_denominator(lab_folder, order, transition_scale).chain_graph()
 
 
 @dataclass

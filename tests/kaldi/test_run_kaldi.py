@@ -1,6 +1,7 @@
-"""recipes/mini_timit/run_kaldi.sh with real Kaldi on the tests' tiny corpus: Kaldi's own GMM systems up to
-tri3 SAT, fMLLR alignments and features; then cfg/TIMIT_liBRU.cfg (sizes and epochs overridden) trains on
-those outputs and decodes with both decoders, which agree. Skipped, saying so, without KALDI_ROOT."""
+"""recipes/mini_timit/run_kaldi.sh with real Kaldi on the tests' tiny corpus: the README's two commands for
+TIMIT users, run as the README writes them (only the corpus, the folders and the sizes changed): Kaldi's
+own GMM systems up to tri3 SAT, fMLLR alignments of every utterance and features; then cfg/TIMIT_liBRU.cfg
+trains on those outputs and decodes with both decoders, which agree. Skipped, saying so, without KALDI_ROOT."""
 
 import os
 import re
@@ -25,12 +26,38 @@ def dev_errors(log: str, setting: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def test_run_kaldi_then_timit_libru_with_both_decoders(tiny_corpus, tmp_path):
-    kaldi_dir = tmp_path / "kaldi"
-    recipe = subprocess.run(["bash", str(ROOT / "recipes" / "mini_timit" / "run_kaldi.sh"), "--nj", "2", "--leaves", "100", "--retry-beam", "1000",
-                             "--gauss", "600", str(tiny_corpus.root), str(kaldi_dir)],
-                            capture_output=True, text=True, env=dict(os.environ, PYTHON=sys.executable))
+def readme_commands(heading: str = "### Kaldi's own GMM systems") -> list[str]:
+    """The shell commands of the first ``sh`` block after ``heading`` in README.md, continuation lines joined."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```sh\n(.*?)```", text[text.index(heading):], re.S)
+    assert block, f"README.md has no sh block after {heading!r}"
+    return [line.strip() for line in block.group(1).replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_the_readme_commands_for_timit_users_then_both_decoders(tiny_corpus, tmp_path):
+    kaldi_command, timit_command = readme_commands()
+    # as written, on the tests' corpus, with folders under tmp_path and sizes for 24 utterances; the
+    # alignments' retry beam is the recipe's default, which must align every utterance
+    assert kaldi_command.startswith("KALDI_ROOT=/path/to/kaldi recipes/mini_timit/run_kaldi.sh recipes/mini_timit "), kaldi_command
+    assert timit_command.startswith("TIMIT_FMLLR=exp/"), timit_command
+    kaldi_command = (kaldi_command.replace("/path/to/kaldi", KALDI_ROOT)
+                     .replace("run_kaldi.sh recipes/mini_timit ", f"run_kaldi.sh --nj 2 --leaves 100 --gauss 600 {tiny_corpus.root} "))
+    commands = [re.sub(r"(?<![\w/])exp/", f"{tmp_path}/exp/", c) for c in (kaldi_command, timit_command + " " + " ".join(SMALL))]
+    kaldi_dir, exp = tmp_path / "exp" / "kaldi_mini_timit", tmp_path / "exp" / "TIMIT_liBRU_mini"
+    recipe = subprocess.run(["bash", "-c", commands[0]], cwd=ROOT, capture_output=True, text=True,
+                            env=dict(os.environ, PYTHON=sys.executable))
     assert recipe.returncode == 0, recipe.stdout[-4000:] + recipe.stderr[-4000:]
+    from bru_kaldi.kaldi.alignments import read_alignments
+
+    for split in ("train", "dev", "test"):
+        utterances = {line.split()[0] for line in (tiny_corpus.data(split) / "feats.scp").read_text().splitlines()}
+        aligned = dict(read_alignments(str(kaldi_dir / "exp" / ("tri3_ali" + ("" if split == "train" else f"_{split}")))))
+        assert set(aligned) == utterances, f"{split}: {len(utterances - set(aligned))} utterances not aligned"
+    timit = subprocess.run(["bash", "-c", commands[1]], cwd=ROOT, capture_output=True, text=True)
+    assert timit.returncode == 0, timit.stderr[-4000:]
+    assert re.search(r"^test: %WER [\d.]+ \[", (exp / "res.res").read_text(), re.M)
+    assert "are not in every stream" not in (exp / "log.txt").read_text()  # every utterance had its alignment
+
     per = (kaldi_dir / "exp" / "tri3" / "PER").read_text()
     assert re.search(r"dev %WER [\d.]+ .* test %WER [\d.]+", per), per
     for split in ("train", "dev", "test"):
@@ -38,7 +65,6 @@ def test_run_kaldi_then_timit_libru_with_both_decoders(tiny_corpus, tmp_path):
         assert list((kaldi_dir / "exp" / ("tri3_ali" + ("" if split == "train" else f"_{split}"))).glob("ali.*.gz"))
     # our TransitionModel reader on a model Kaldi trained (tri3: a tree of context-dependent pdfs) equals
     # ali-to-pdf and ali-to-phones on every transition-id of its alignments
-    from bru_kaldi.kaldi.alignments import read_alignments
     from bru_kaldi.kaldi.transition_model import read_transition_model
 
     tri3, ali = kaldi_dir / "exp" / "tri3" / "final.mdl", kaldi_dir / "exp" / "tri3_ali"
@@ -58,6 +84,7 @@ def test_run_kaldi_then_timit_libru_with_both_decoders(tiny_corpus, tmp_path):
                             str(kaldi_dir)], capture_output=True, text=True)
     assert again.returncode == 0 and again.stdout.count("finished before, skipped") == 7, again.stdout
 
+    # then both decoders on the same outputs: the Kaldi scripts' (Kaldi on PATH) and ours
     env = dict(os.environ, TIMIT_FMLLR=str(kaldi_dir / "data-fmllr-tri3"), TIMIT_EXP=str(kaldi_dir / "exp"),
                PATH=os.pathsep.join([*(str(Path(KALDI_ROOT, "src", d)) for d in ("bin", "latbin", "fstbin")),
                                      os.environ["PATH"]]))

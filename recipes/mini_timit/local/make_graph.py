@@ -55,9 +55,10 @@ def drop_input_symbols(fst: kaldifst.StdVectorFst, symbols: set[int]) -> kaldifs
     return kaldifst.compose(relabel, fst)
 
 
-def make_hclg(lang: Path, tree, tm) -> tuple[kaldifst.StdVectorFst, list[int]]:
+def make_hclg(lang: Path, tree, tm, self_loop_scale: float = 0.1) -> tuple[kaldifst.StdVectorFst, list[int]]:
     """HCLG.fst of a monophone model over ``lang`` (L_disambig.fst, G.fst, phones.txt) and its
-    disambiguation transition-ids (see the module doc); the word task's graphs are made by it too."""
+    disambiguation transition-ids (see the module doc); the word task's graphs are made by it too.
+    ``self_loop_scale``: ``mkgraph.sh``'s, 0.1 for cross-entropy models, 1.0 for chain models (stage 7)."""
     phone_ids = dict(line.split() for line in (lang / "phones.txt").read_text().splitlines())
     disambig = [int(i) for p, i in phone_ids.items() if p.startswith("#")]
 
@@ -76,7 +77,7 @@ def make_hclg(lang: Path, tree, tm) -> tuple[kaldifst.StdVectorFst, list[int]]:
     hclga = drop_input_symbols(hclga, set(disambig_tid))
     kaldifst.rmepsilon(hclga)
     kaldifst.minimize_encoded(hclga)
-    hclg = khg.add_self_loops(self_loop_scale=0.1, disambig_syms=[], reorder=True, trans_model=tm, ifst=hclga)
+    hclg = khg.add_self_loops(self_loop_scale=self_loop_scale, disambig_syms=[], reorder=True, trans_model=tm, ifst=hclga)
     return hclg, list(disambig_tid)
 
 
