@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """The share of a training step that the LF-MMI objective takes: its forward-backward against the network's.
 
-Usage: python bench/lfmmi.py [--config cfg/MINI_liBRU_lfmmi.cfg] [--repeats 5] [--orders 2 3 4] [--smoke]
+Usage: python bench/lfmmi.py [--config cfg/MINI_liBRU_lfmmi.cfg] [--repeats 5] [--orders 2 3 4] [--threads N] [--smoke]
 
 The largest batch of the config's training set (the first of its training batch size, if any is),
 the config's network: the network's forward and backward with a stand-in loss, against the LF-MMI loss's
 forward and backward (numerator graphs made from the batch's alignments, the denominator of each phone
 LM order asked for). Prints medians in ms and the objective's share of the whole step,
-``objective / (network + objective)``: the target is at most 20 %. ``--smoke``: the tiny corpus, 1 repeat.
+``objective / (network + objective)``: the target is at most 20 %. The objective is timed on both of its
+paths in the same run, their repeats interleaved with the network's (the machine's load then weighs on
+all alike): the loop of torch ops (``BRU_KALDI_NATIVE=0``) and the C++ op that CPU training uses
+(``bru_kaldi.chain.native``; the target is judged on it, or on the torch loop where it cannot be built).
+``--smoke``: the tiny corpus, 1 repeat.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bru_kaldi.chain import native  # noqa: E402
 from bru_kaldi.chain.supervision import ChainSupervision, denominator_from_alignments  # noqa: E402
 from bru_kaldi.config import parse_config  # noqa: E402
 from bru_kaldi.corpus import Corpus, dataset_for, loader_options  # noqa: E402
@@ -33,14 +38,31 @@ from bru_kaldi.training import feature_columns  # noqa: E402
 TARGET = 0.20
 
 
-def timed(function, repeats: int) -> float:
-    function()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+def timed(functions: dict, repeats: int) -> dict:
+    """The median ms of each of ``functions`` (name -> callable), after one warm-up each, their repeats
+    interleaved so that a change in the machine's load falls on all of them alike."""
+    times = {name: [] for name in functions}
+    for _ in range(repeats + 1):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values[1:]) * 1000 for name, values in times.items()}
+
+
+def with_native(mode: str, function):
+    """``function`` run under ``BRU_KALDI_NATIVE=mode`` (the variable put back after)."""
+    def run():
+        before = os.environ.get("BRU_KALDI_NATIVE")
+        os.environ["BRU_KALDI_NATIVE"] = mode
+        try:
+            function()
+        finally:
+            if before is None:
+                del os.environ["BRU_KALDI_NATIVE"]
+            else:
+                os.environ["BRU_KALDI_NATIVE"] = before
+    return run
 
 
 def main(argv=None) -> int:
@@ -48,8 +70,12 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default=str(ROOT / "cfg" / "MINI_liBRU_lfmmi.cfg"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--orders", type=int, nargs="+", default=None, help="phone LM orders (default: the config's)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch's threads (default: as they are); 1 gives steadier numbers on a busy machine")
     parser.add_argument("--smoke", action="store_true", help="the tiny corpus, one repeat")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     overrides = []
     if args.smoke:
         from recipes.mini_timit.corpus import ensure_corpus
@@ -69,7 +95,8 @@ def main(argv=None) -> int:
     model, _ = build_model(config, input_dim, corpus.label_dims[senone], None)
     x, lengths, pdfs = batch.x[..., :input_dim], batch.lengths, batch.labels[senone]
     torch.manual_seed(0)
-    print(f"{Path(args.config).name}: batch of {len(batch.keys)} utterances, {int(lengths.sum())} frames, "
+    print(f"{Path(args.config).name}: batch of {len(batch.keys)} utterances, {int(lengths.sum())} frames "
+          f"(outputs (B, T, P) = {tuple(batch.x.shape[:2]) + (corpus.label_dims[senone],)}), "
           f"{torch.get_num_threads()} threads, medians of {args.repeats}")
 
     def network():
@@ -77,29 +104,41 @@ def main(argv=None) -> int:
         out = model(x, lengths)
         (out["senone"].sum() + out["xent"].sum()).backward()
 
-    network_ms = timed(network, args.repeats)
-    print(f"network forward + backward: {network_ms:.1f} ms")
     with torch.no_grad():
         out = model(x, lengths)
+    output = out["senone"].detach().requires_grad_()
+    xent = out["xent"].detach().requires_grad_()
+    has_native = native.native_ops(output) is not None  # (builds the C++ op on first use)
+    paths = {"torch loop": "0", "C++": "1"} if has_native else {"torch loop": "0"}
     lab_folder = next(s.lab_folder for s in spec.lab if s.lab_name == senone)
-    worst = 0.0
+    functions, graphs = {"network": network}, {}
     for order in args.orders or [config.model.lfmmi_phone_lm_order]:
         den = denominator_from_alignments(lab_folder, order)
         m = config.model
         chain = ChainSupervision(den, m.lfmmi_leaky_hmm, m.lfmmi_xent_regularize, m.lfmmi_output_l2,
                                  m.lfmmi_tolerance).to("cpu")
-        output = out["senone"].detach().requires_grad_()
-        xent = out["xent"].detach().requires_grad_()
+        graphs[order] = den
 
-        def objective():
+        def objective(chain=chain):
             chain.loss(output, pdfs, xent).loss.backward()
 
-        objective_ms = timed(objective, args.repeats)
-        share = objective_ms / (network_ms + objective_ms)
-        worst = max(worst, share)
-        print(f"LF-MMI objective, {order}-gram denominator ({den.num_states} states, {den.num_arcs} arcs): "
-              f"{objective_ms:.1f} ms, {100 * share:.0f} % of the step (target <= {100 * TARGET:.0f} %: "
-              f"{'met' if share <= TARGET else 'MISSED'})")
+        for path, mode in paths.items():
+            functions[order, path] = with_native(mode, objective)
+    ms = timed(functions, args.repeats)
+    print(f"network forward + backward: {ms['network']:.1f} ms")
+    if not has_native:
+        print("the C++ forward-backward could not be built here: the torch loop alone is timed")
+    judged = list(paths)[-1]  # what CPU training runs
+    for order, den in graphs.items():
+        for path in paths:
+            objective_ms = ms[order, path]
+            share = objective_ms / (ms["network"] + objective_ms)
+            verdict = (f" (target <= {100 * TARGET:.0f} %: {'met' if share <= TARGET else 'MISSED'})"
+                       if path == judged else "")
+            print(f"LF-MMI objective, {order}-gram denominator ({den.num_states} states, {den.num_arcs} arcs), "
+                  f"{path}: {objective_ms:.1f} ms, {100 * share:.0f} % of the step{verdict}")
+        if len(paths) > 1:
+            print(f"  the C++ op is {ms[order, 'torch loop'] / ms[order, 'C++']:.1f} times as fast as the torch loop")
     return 0
 
 

@@ -2,7 +2,8 @@
 
 The mathematical core of LF-MMI as Kaldi's chain training computes it, written anew in PyTorch from
 the maths (Povey et al., 2016). Every arc of a graph emits exactly one frame; the recursions run in
-the probability domain with per-frame renormalisation, vectorised over the batch, on any device.
+the probability domain with per-frame renormalisation: on a CPU as a C++ op, a thread per utterance,
+elsewhere as torch ops vectorised over the batch, on any device.
 
 =================  ==========================================================================
 ``phone_lm``       the phone n-gram of the training alignments' phone sequences (the denominator's LM)
@@ -17,5 +18,7 @@ the probability domain with per-frame renormalisation, vectorised over the batch
                    the chain objective with its hand-written gradient ``num_post - den_post``,
                    and :func:`~bru_kaldi.chain.objective.lfmmi_loss` with cross-entropy and L2
                    regularisation
+``native``         the C++ forward-backward for CPU tensors (``csrc/forward_backward.cpp``), built on
+                   first use
 =================  ==========================================================================
 """

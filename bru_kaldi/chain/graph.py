@@ -55,11 +55,14 @@ class _Arcs:
     windows: Optional[torch.Tensor] = None
 
     def to(self, device=None, dtype: Optional[torch.dtype] = None):
-        """The same on ``device`` with its weights (and windows) in ``dtype`` (ids stay int64)."""
-        windows = None if self.windows is None else self.windows.to(device, dtype)
-        return dataclasses.replace(
-            self, **{name: getattr(self, name).to(device) for name in ("src", "dst", "pdf")},
-            **{name: getattr(self, name).to(device, dtype) for name in ("weight", "initial", "final")}, windows=windows)
+        """The same on ``device`` with its weights (and windows) in ``dtype`` (ids stay int64); itself where
+        that changes nothing (no copy, and no second check of its fields: a batch's graphs are moved every step)."""
+        moved = {name: getattr(self, name).to(device) for name in ("src", "dst", "pdf")}
+        moved.update({name: getattr(self, name).to(device, dtype) for name in ("weight", "initial", "final")})
+        moved["windows"] = None if self.windows is None else self.windows.to(device, dtype)
+        if all(tensor is getattr(self, name) for name, tensor in moved.items()):
+            return self
+        return dataclasses.replace(self, **moved)
 
 
 @dataclass(frozen=True)
@@ -299,16 +302,25 @@ def numerator_graph(pdf_alignment: Sequence[int], tolerance: int = 0,
     """
     if tolerance < 0:
         raise ValueError(f"tolerance must be >= 0, not {tolerance}")
-    segments = alignment_segments(pdf_alignment)
-    if not segments:
+    # :func:`alignment_segments` in tensor ops: a training batch makes one of these per utterance per
+    # step, and a Python loop over frames and segments took as long as the C++ forward-backward
+    frames = torch.as_tensor(pdf_alignment, dtype=torch.int64).reshape(-1)
+    num_frames = frames.shape[0]
+    if not num_frames:
         raise ValueError("an empty alignment has no numerator graph")
-    num_frames, count = segments[-1][2], len(segments)
-    arcs = []
-    for k, (pdf, _, _) in enumerate(segments, start=1):
-        arcs += [(k - 1, k, pdf, 1.0), (k, k, pdf, 1.0)]
+    starts = torch.ones(num_frames, dtype=torch.bool)
+    starts[1:] = frames[1:] != frames[:-1]
+    first = starts.nonzero().reshape(-1)  # (K,) s_k
+    end = torch.cat([first[1:], first.new_tensor([num_frames])])  # (K,) e_k
+    count = first.shape[0]
+    k = torch.arange(1, count + 1)
+    src = torch.stack([k - 1, k], dim=1).reshape(-1)  # per segment: k - 1 -> k, then k -> k
+    dst = k.repeat_interleave(2)
+    pdf = frames[first].repeat_interleave(2)
+    time = torch.arange(num_frames)[:, None]
     windows = torch.zeros(num_frames, count + 1, dtype=dtype)
-    for k, (_, first, end) in enumerate(segments, start=1):
-        windows[max(first - tolerance, 0):min(end + tolerance, num_frames), k] = 1.0
+    windows[:, 1:] = ((time >= first - tolerance) & (time < end + tolerance)).to(dtype)
     windows[0, 2:] = 0.0  # (the first frame can only be segment 1's; the arcs say so too)
-    return ChainGraph.from_arcs(count + 1, arcs, initial=[1.0] + [0.0] * count, final=[0.0] * count + [1.0],
-                                dtype=dtype, windows=windows)
+    initial, final = torch.zeros(count + 1, dtype=dtype), torch.zeros(count + 1, dtype=dtype)
+    initial[0], final[count] = 1.0, 1.0
+    return ChainGraph(count + 1, src, dst, pdf, torch.ones(2 * count, dtype=dtype), initial, final, windows)

@@ -26,10 +26,18 @@ pdfs before ``exp`` (exact: ``sum_t m_t`` is added back to ``log P``; Kaldi inst
 leak), so ``log P = sum_t m_t + sum_{t=0..T} log z_t + log(alpha_T . f)``. The backward vectors are scaled
 by the same ``z_t``, which makes ``alpha_t . beta_t = 1`` at every boundary and the posteriors of frame
 ``t - 1`` simply ``alpha_{t-1}[src] * weight * e[t - 1, pdf] * (beta_t L)[dst] / z_t``, summed per pdf.
-Arcs are gathered and summed with ``gather`` / ``scatter_add_``: every op is batched over utterances and
-runs unchanged on a GPU; only time is a Python loop. Frames at or after an utterance's length are replaced
-by zeros before anything and leave the vectors unchanged: padding (even NaN) has no effect, and its
-posteriors and gradients are 0. A graph that has no path of an utterance's length gives ``log P = -inf``.
+Frames at or after an utterance's length leave the vectors unchanged: padding (even NaN) has no effect,
+and its posteriors and gradients are 0. A graph that has no path of an utterance's length gives ``log P =
+-inf`` and zero posteriors.
+
+Where. Two implementations of this one recursion. CPU outputs of float32 or float64 go to a C++ op
+(``csrc/forward_backward.cpp``, built on first use, :mod:`bru_kaldi.chain.native`): one thread per
+utterance, a plain loop over its frames and arcs, in double precision. Everything else (CUDA, other
+dtypes, ``BRU_KALDI_NATIVE=0``, or no C++ compiler under the default ``auto``) runs a loop over frames of
+torch ops batched over utterances, in the outputs' dtype, which runs unchanged on a GPU: arcs are gathered
+and summed with ``gather`` / ``scatter_add_``, padding frames are replaced by zeros before anything. On a
+CPU that loop spends most of its time launching ops, hence the C++ one; the tests hold the two to each
+other and to a sum over every path.
 
 The objective (:func:`lfmmi_loss`, Kaldi's ``ComputeChainObjfAndDeriv`` and ``nnet3-chain-train``): per
 utterance ``log P_num - log P_den``, whose gradient with respect to ``x`` is ``gamma_num - gamma_den``;
@@ -51,6 +59,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from bru_kaldi.chain import native
 from bru_kaldi.chain.graph import ChainGraph, GraphBatch
 
 Graphs = Union[GraphBatch, Sequence[ChainGraph]]
@@ -108,6 +117,23 @@ def forward_backward(nnet_output: torch.Tensor, lengths, graphs: GraphBatch,
         raise ValueError(f"{graphs.batch_size} graphs for a batch of {batch} utterances")
     if graphs.pdf.numel() and int(graphs.pdf.max()) >= pdfs:
         raise ValueError(f"the graphs use pdf {int(graphs.pdf.max())}, the outputs have {pdfs} pdfs")
+    ops = native.native_ops(nnet_output)
+    if ops is not None:
+        # the graphs as they are (the op casts their weights itself): a denominator expanded to the batch
+        # stays a stride-0 view, read once, where a cast here would copy it B times
+        g = graphs.to(nnet_output.device)
+        with torch.no_grad():
+            logprob, posteriors = ops.forward_backward(nnet_output.detach(), lengths, g.src, g.dst, g.pdf, g.weight,
+                                                       g.initial, g.final, g.windows, float(leaky_coefficient))
+        return logprob, posteriors
+    return _torch_forward_backward(nnet_output, valid, graphs, leaky_coefficient)
+
+
+def _torch_forward_backward(nnet_output: torch.Tensor, valid: torch.Tensor, graphs: GraphBatch,
+                            leaky_coefficient: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`forward_backward` as a loop over frames of torch ops batched over utterances (any device and
+    dtype), on checked arguments: ``valid`` is the ``(B, T)`` mask of real frames."""
+    batch, frames, pdfs = nnet_output.shape
     g = graphs.to(nnet_output.device, nnet_output.dtype)
     windows = g.windows  # (B, T', S): the states open after each frame; past T' none (a numerator's length)
     if windows is not None and windows.shape[1] < frames:
