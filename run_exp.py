@@ -47,6 +47,7 @@ from tqdm import tqdm
 from bru_kaldi import decoding
 from bru_kaldi.atomic import WriteError, write_atomically
 from bru_kaldi.builtin_corpus import BuiltinCorpusError, ensure_builtin_corpus
+from bru_kaldi.chain import native as chain_native
 from bru_kaldi.chain.den_graph import write_den_fst
 from bru_kaldi.chain.supervision import ChainSupervision, estimate_denominator
 from bru_kaldi.config import Config, ConfigError, convert_pytorch_kaldi, parse_config, parse_overrides, write_resolved
@@ -116,7 +117,8 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
         senone, mono = config.model.senone_lab, config.model.mono_lab
         final = {"model": run.model.state_dict(), "input_dim": run.input_dim,
                  "num_pdfs": run.train_set.label_dims[senone],
-                 "num_mono": run.train_set.label_dims[mono] if mono != "none" else 0}
+                 "num_mono": run.train_set.label_dims[mono] if mono != "none" else 0,
+                 "stream_dims": stream_dims(run.train_set)}
         save_tensors(final, exp.final)
         exp.mark("train")
     dist.barrier()
@@ -177,6 +179,12 @@ def load_training_data(config: Config, exp: Experiment, device: torch.device, di
     return Training(config, exp, device, dist, train_set, dev_set, chance, chain)
 
 
+def stream_dims(corpus) -> dict:
+    """``fea_name`` -> values per frame (context window included) of each feature stream a corpus reads: where
+    an architecture that reads some of the streams (``[architectureN] inputs``) finds them in the input."""
+    return {s.stream.fea_name: s.dim for s in corpus.sources}
+
+
 def build_network(run: Training) -> None:
     """The network and one optimiser per trained architecture, from the seed or from the checkpoint."""
     config, train_set = run.config, run.train_set
@@ -185,7 +193,8 @@ def build_network(run: Training) -> None:
     run.input_dim, run.target = feature_columns(config.model, train_set.sources)  # the inputs, then an mse target
     seed_everything(config.exp.seed)  # the initial weights
     run.model, run.groups = build_model(config, run.input_dim, train_set.label_dims[config.model.senone_lab], num_mono,
-                                        run.target.stop - run.target.start if run.target else None)
+                                        run.target.stop - run.target.start if run.target else None,
+                                        stream_dims(train_set))
     run.model.to(run.device)
     run.archs = trained_architectures(config)
     run.optimizers = [make_optimizer(a.arch_opt, params, a.arch_lr, a) for a, params in zip(run.archs, run.groups)]
@@ -312,7 +321,8 @@ def load_trained(config: Config, model_dir: Path, device: torch.device) -> Acous
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no trained model (run the training first, or give --model EXP_DIR)")
     saved = torch.load(path, map_location="cpu", weights_only=True)
-    model, _ = build_model(config, saved["input_dim"], saved["num_pdfs"], saved["num_mono"] or None)
+    model, _ = build_model(config, saved["input_dim"], saved["num_pdfs"], saved["num_mono"] or None,
+                           stream_dims=saved.get("stream_dims"))
     try:
         model.load_state_dict(saved["model"])
     except RuntimeError as error:
@@ -452,6 +462,8 @@ def run_stages(args, config: Config, exp: Experiment, device: torch.device, dist
         log.warning("[exp] mixed_precision is ignored on the CPU")
     if device.type == "cpu":  # build (first run) or load the C++ time loops now, not in the first batch
         native.native_ops(torch.zeros(1))
+        if config.model.objective == "lfmmi":  # and the C++ forward-backward of LF-MMI
+            chain_native.native_ops(torch.zeros(1))
 
     if config.exp.builtin_corpus != "none" and dist.main:
         log.info("built-in corpus (%s, %s task) in %s", config.exp.builtin_corpus, config.exp.builtin_corpus_task,

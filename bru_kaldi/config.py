@@ -180,6 +180,10 @@ class Architecture:
 
     arch_name: str = ""
     unit: str = "libru"  # a name of models.UNITS, checked where the model is built (bru_kaldi.network)
+    # what it reads, concatenated per frame in this order: streams of [model] inputs and architectures before it
+    # in [model] stack (pytorch-kaldi's concatenate of outputs); empty: the architecture before it in the stack,
+    # the first every [model] inputs stream. On senone_arch out of the stack: what the output layers read.
+    inputs: list[str] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)  # one per layer
     # one value for every layer, or one per layer (models.per_layer expands them when the model is built)
     dropout: list[float] = field(default_factory=lambda: [0.0])
@@ -191,7 +195,9 @@ class Architecture:
     bidirectional: list[bool] = field(default_factory=lambda: [False])
     backward: str = "none"  # ubru: none/kalman/hmm; ubru_tpami: none/unit; lbru: none/layer
     form: str = "log"  # bru, libru: log or prob
-    activation: str = "default"  # rnn, mlp
+    # rnn, mlp: one for every layer or one per layer (tanh, relu, sigmoid, softplus, linear, leaky_relu, elu);
+    # default: the unit's own (rnn tanh, mlp relu)
+    activation: list[str] = field(default_factory=lambda: ["default"])
     # unit-specific, "none" (the default) leaves the unit's own default
     input_gate: Optional[bool] = None  # lbru, ubru_tpami: the TPAMI input gate (eq. 65-75), on by default
     rho0: Optional[float] = None  # ubru: initial values of its probabilities (default 0.5, 0.9, 0.1)
@@ -237,6 +243,10 @@ class Model:
     # empty: the last of the stack. One not in the stack has no layers of its own (sizes empty).
     senone_arch: str = ""
     mono_arch: str = ""
+    # the number of classes the config expects of the senone / monophone output (pytorch-kaldi's dnn_lay = 1880
+    # instead of N_out_lab_cd): a run whose labels have another number stops; 0: the labels' number, unchecked
+    senone_size: int = 0
+    mono_size: int = 0
     # an auxiliary regression term, pytorch-kaldi's mse(out, fea): the output of the stack's architecture
     # mse_arch against the feature stream mse_target (read with the inputs, normalised as they are, not fed to
     # the network unless it is one of them), the squared error averaged over real frames and the stream's
@@ -304,6 +314,9 @@ class Config:
     source: str = "<string>"
     # what a translated config (bru_kaldi.pytorch_kaldi) says about options it replaced: logged once per run
     notes: list[str] = field(default_factory=list)
+    # for a translated config, where an option of ours comes from: "senone_size" -> "X.cfg [architecture2] dnn_lay",
+    # so that an error found at run time names the file, section and option the user wrote
+    origins: dict[str, str] = field(default_factory=dict)
 
     def dataset(self, name: str) -> Dataset:
         for d in self.datasets:
@@ -547,11 +560,11 @@ def parse_config(path, overrides: Sequence[str] = ()) -> Config:
     text = path.read_text()
     if pytorch_kaldi.is_pytorch_kaldi(text):  # pytorch-kaldi's own vocabulary: translated to ours, then read
         try:
-            text, notes = pytorch_kaldi.translate(text, str(path), parse_overrides(overrides))
+            text, notes, origins = pytorch_kaldi.translate(text, str(path), parse_overrides(overrides))
         except ValueError as error:
             raise ConfigError(str(error)) from None
         config = parse_config_text(text, source=str(path))
-        config.notes = notes
+        config.notes, config.origins = notes, origins
         return config
     return parse_config_text(text, parse_overrides(overrides), source=str(path))
 
@@ -566,7 +579,7 @@ def convert_pytorch_kaldi(path, overrides: Sequence[tuple[str, str, str]] = ()) 
     if not pytorch_kaldi.is_pytorch_kaldi(text):
         raise ConfigError(f"{path}: already in our native vocabulary (no [cfg_proto], arch_class or [model] model=)")
     try:
-        native, notes = pytorch_kaldi.translate(text, str(path), overrides)
+        native, notes, _ = pytorch_kaldi.translate(text, str(path), overrides)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     header = [f"# {path}, translated from pytorch-kaldi's vocabulary"] + [f"# {note}" for note in dict.fromkeys(notes)]
@@ -653,6 +666,10 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
     for name in config.model.inputs:
         if name not in fea_names:
             add(str(_unknown("feature stream in inputs", name, fea_names, f"{src} [model]")))
+    _check_wiring(config, add)
+    for option in ("senone_size", "mono_size"):
+        if getattr(config.model, option) < 0:
+            add(f"{src} [model] {option}: expected a number of classes (0: the labels'), got {getattr(config.model, option)}")
     _check_mse(config.model, fea_names, src, add)
     _check_lfmmi(config.model, src, add)
     if config.forward.normalize_posteriors and config.forward.normalize_with_counts_from != config.model.senone_lab:
@@ -667,6 +684,32 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
             add(str(_unknown(f"label stream for {option}", value, lab_names, f"{src} [model]")))
     if problems is None:
         raise_problems(found, src)
+
+
+def _check_wiring(config: Config, add) -> None:
+    """``[architectureN] inputs``: streams of ``[model] inputs`` and architectures computed before, each once; only
+    on an architecture of the stack or on ``senone_arch`` out of it (what the output layers read)."""
+    model, src = config.model, config.source
+    for arch in config.architectures:
+        if not arch.inputs:
+            continue
+        where = f"{src} [architecture arch_name={arch.arch_name}] inputs"
+        if arch.arch_name in model.stack:
+            before = model.stack[:model.stack.index(arch.arch_name)]
+        elif arch.arch_name == model.senone_arch:
+            before = model.stack
+        else:
+            add(f"{where}: only an architecture of [model] stack, or [model] senone_arch, reads inputs (the monophone "
+                f"output reads what the senone output reads)")
+            continue
+        for item in arch.inputs:
+            if item not in model.inputs and item not in before:
+                add(f"{where}: {item!r} is neither a stream of [model] inputs ({', '.join(model.inputs) or 'none'}) nor "
+                    f"an architecture before it in [model] stack ({', '.join(before) or 'none'})")
+        if len(set(arch.inputs)) != len(arch.inputs):
+            add(f"{where}: {', '.join(arch.inputs)} names one item twice")
+        if arch.arch_name not in model.stack and not set(arch.inputs) & set(model.stack):
+            add(f"{where}: the output layers read no architecture of the stack ({', '.join(arch.inputs)})")
 
 
 def _check_mse(model: Model, fea_names: set, src: str, add) -> None:

@@ -38,15 +38,17 @@ import torch
 
 import models
 from bru_kaldi.config import Architecture, Config, ConfigError, raise_problems
+from bru_kaldi.kaldi.alignments import label_kind
 from models.acoustic import AcousticModel
 from models.norm import MaskedBatchNorm
 
 
-def unit_options(arch: Architecture) -> dict:
-    """The unit-specific keyword arguments for ``models.build`` that this architecture sets.
+def unit_options(arch: Architecture, layer: int = 0) -> dict:
+    """The unit-specific keyword arguments for ``models.build`` that this architecture sets for its layer
+    ``layer`` (from 0: ``activation`` may be one per layer).
 
-    Options left at ``none`` keep the unit's own default; an option the unit does not take is an
-    error naming the units that do.
+    Options left at ``none`` (``default`` for ``activation``) keep the unit's own default; an option the unit
+    does not take is an error naming the units that do.
     """
     accepted = models.cell_options(arch.unit)
     options = {}
@@ -57,10 +59,11 @@ def unit_options(arch: Architecture) -> dict:
                           f"got backward = {arch.backward}")
     if "form" in accepted:
         options["form"] = arch.form
-    if arch.activation != "default":
+    activation = arch.activation[layer if len(arch.activation) > 1 else 0]
+    if activation != "default":
         if "activation" not in accepted:
             raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no activation option")
-        options["activation"] = arch.activation
+        options["activation"] = activation
     for name in ("input_gate", "rho0", "tau11", "tau01"):
         value = getattr(arch, name)
         if value is None:
@@ -92,6 +95,7 @@ def check_architectures(config: Config) -> None:
             arch.dropout = models.per_layer("dropout", arch.dropout, n)
             arch.norm = [None if v is None or str(v).lower() == "none" else v for v in models.per_layer("norm", arch.norm, n)]
             arch.bidirectional = models.per_layer("bidirectional", arch.bidirectional, n)
+            arch.activation = models.per_layer("activation", arch.activation, n)
             with torch.random.fork_rng(devices=[]):  # the check must not move the seeded initial weights
                 _build_stack(arch, 1, [1] * n)
         except ValueError as error:  # ConfigError from unit_options too
@@ -113,7 +117,7 @@ def _build_stack(arch: Architecture, input_size: int, sizes):
         raise ConfigError(f"dropout_at = inside: unit {arch.unit} has no candidate state to drop "
                           f"(units that do: {', '.join(INNER_DROPOUT_UNITS)})")
     stack = models.build_stack(arch.unit, input_size, sizes, dropout=0.0 if inside else arch.dropout, norm=arch.norm,
-                               bidirectional=arch.bidirectional, options=unit_options(arch),
+                               bidirectional=arch.bidirectional, options=[unit_options(arch, i) for i in range(len(sizes))],
                                input_norm=None if arch.input_norm == "none" else arch.input_norm)
     for layer, p in zip(stack.layers, arch.dropout):
         for cell in getattr(layer, "cells", ()):
@@ -136,27 +140,37 @@ def trained_architectures(config: Config) -> list[Architecture]:
     return [config.architecture(name) for name in names]
 
 
-def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optional[int], mse_dim: Optional[int] = None):
+def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optional[int], mse_dim: Optional[int] = None,
+                stream_dims: Optional[dict] = None):
     """The acoustic model of ``[model] stack`` and the parameter groups of each architecture.
 
     Returns ``(model, groups)``: ``groups[i]`` holds the parameters of the i-th architecture of
     :func:`trained_architectures`; the senone output layer trains with ``[model] senone_arch``'s
     optimiser, the monophone one with ``mono_arch``'s (each by default the last of the stack). With
     ``[model] mse_arch`` the model also returns that architecture's output (``"mse"``); ``mse_dim``, the
-    width of ``mse_target`` where it is known (training), must be that output's.
+    width of ``mse_target`` where it is known (training), must be that output's. ``stream_dims``
+    (``fea_name`` -> values per frame) places the streams an ``[architectureN] inputs`` names in the
+    input, the ``[model] inputs`` concatenated (needed only when it names some of several streams).
+    ``[model] senone_size`` / ``mono_size``, when set, must match ``num_pdfs`` / ``num_mono``.
     """
     check_architectures(config)
-    stacks, size = [], input_dim
-    for name in config.model.stack:
-        stack = _build_stack(config.architecture(name), size, config.architecture(name).sizes)
-        stacks.append(stack)
-        size = stack.output_size
+    check_output_sizes(config, num_pdfs, num_mono)
+    sources = _sources(config, input_dim, stream_dims)
+    stacks = []
+    for k, name in enumerate(config.model.stack):
+        arch = config.architecture(name)
+        if sources is None:
+            size = stacks[-1].output_size if stacks else input_dim
+        else:
+            size = sum(i.stop - i.start if isinstance(i, slice) else stacks[i].output_size for i in sources[k])
+        stacks.append(_build_stack(arch, size, arch.sizes))
     mse_stack = config.model.stack.index(config.model.mse_arch) if config.model.mse_arch else None
     if mse_stack is not None and mse_dim is not None and stacks[mse_stack].output_size != mse_dim:
         raise ConfigError(f"{config.source} [model] mse_arch = {config.model.mse_arch}: its output has "
                           f"{stacks[mse_stack].output_size} values per frame, the feature stream mse_target = "
                           f"{config.model.mse_target} it is compared with has {mse_dim}; expected equal sizes")
-    model = AcousticModel(stacks, num_pdfs, num_mono, mse_stack, xent_head=config.model.objective == "lfmmi")
+    model = AcousticModel(stacks, num_pdfs, num_mono, mse_stack, xent_head=config.model.objective == "lfmmi",
+                          sources=sources, input_size=input_dim if sources is not None else None)
     names = [a.arch_name for a in trained_architectures(config)]
     groups = [list(stack.parameters()) for stack in model.stacks] + [[] for _ in names[len(stacks):]]
     last = config.model.stack[-1]
@@ -166,6 +180,71 @@ def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optiona
         if getattr(model, head) is not None:
             groups[names.index(owner)] += list(getattr(model, head).parameters())
     return model, groups
+
+
+def _sources(config: Config, input_dim: int, stream_dims: Optional[dict]) -> Optional[list]:
+    """``AcousticModel``'s ``sources`` for the ``[architectureN] inputs`` of the stack (and of ``senone_arch`` out of
+    it, what the output layers read); None when every one reads the default (a chain)."""
+    model = config.model
+    head = config.model.senone_arch if config.model.senone_arch not in model.stack else ""
+    readers = list(model.stack) + ([head] if head else [])
+    if not any(config.architecture(name).inputs for name in readers if name):
+        return None
+    streams = model.inputs or [s.fea_name for s in config.dataset(config.data_use.train_with).fea]
+    if stream_dims is None and len(streams) == 1:
+        stream_dims = {streams[0]: input_dim}
+    columns = {}
+    if stream_dims is not None:
+        missing = [name for name in streams if name not in stream_dims]
+        if missing or sum(stream_dims[name] for name in streams) != input_dim:
+            raise ConfigError(f"{config.source} [model] inputs = {', '.join(streams)}: the streams' widths "
+                              f"{stream_dims} do not make the input's {input_dim} values per frame")
+        start = 0
+        for name in streams:
+            columns[name] = slice(start, start + stream_dims[name])
+            start += stream_dims[name]
+    sources = []
+    for k, name in enumerate(readers):
+        items = config.architecture(name).inputs
+        if not items:  # the default: the stack before, the first every input stream, the outputs the last stack
+            sources.append([k - 1] if k else [slice(0, input_dim)])
+            continue
+        if list(items) == list(streams):
+            sources.append([slice(0, input_dim)])
+            continue
+        if any(item in streams for item in items) and not columns:
+            raise ConfigError(f"{config.source} [architecture arch_name={name}] inputs = {', '.join(items)}: which "
+                              f"columns of the input hold each stream is not known here (each stream's width is needed)")
+        sources.append([columns[item] if item in streams else model.stack.index(item) for item in items])
+    if not head:
+        sources.append([len(model.stack) - 1])
+    return sources
+
+
+def check_output_sizes(config: Config, num_pdfs: int, num_mono: Optional[int]) -> None:
+    """``[model] senone_size`` / ``mono_size`` (a number of classes the config wrote, pytorch-kaldi's ``dnn_lay =
+    ...,1880``) against the classes of the labels, known once they are read: for pdfs ``num_pdfs``; for
+    per-frame phones (ids from 1, so ``num_mono`` = phones + 1 classes) the number of phones, pytorch-kaldi's
+    ``N_out_lab_mono`` (``hmm-info``'s), or ``num_mono``. Raises :class:`ConfigError` naming where the number
+    was written (a translated config's own file, section and option: ``config.origins``) and both numbers.
+    """
+    kinds = {s.lab_name: s.lab_opts for d in config.datasets for s in d.lab}
+    for option, label, classes in (("senone_size", config.model.senone_lab, num_pdfs),
+                                   ("mono_size", config.model.mono_lab, num_mono)):
+        size = getattr(config.model, option)
+        if not size or classes is None:
+            continue
+        try:
+            phones = label_kind(kinds.get(label, "ali-to-pdf")) == "phone"
+        except ValueError:
+            phones = False
+        if size == classes or (phones and size == classes - 1):
+            continue
+        where = config.origins.get(option, f"{config.source} [model] {option}")
+        what = (f"{classes - 1} phones (ids 1 to {classes - 1}; our output has {classes} classes): expected "
+                f"{classes - 1} or {classes}") if phones else f"{classes} pdfs: expected {classes}"
+        raise ConfigError(f"{where}: an output layer of {size} classes for the label stream {label}, whose alignments "
+                          f"have {what} (N_out_{label} takes the number from the alignments)")
 
 
 def has_unused_parameters(model: AcousticModel, device: torch.device) -> bool:

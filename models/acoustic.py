@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -20,6 +20,12 @@ class AcousticModel(nn.Module):
     not a distribution over senones. ``mse_stack = k`` also returns the output of
     ``stacks[k]`` as ``"mse"``, what pytorch-kaldi's ``mse(out, fea)`` compares with a feature stream.
 
+    By default each stack reads the one before (the first, ``x``) and the outputs read the last. ``sources``
+    wires a graph instead (pytorch-kaldi's ``concatenate`` of streams and of architectures' outputs): one list
+    per stack, then one for the output layers, of what each reads, concatenated per frame in that order:
+    ``slice(a, b)``, columns of ``x`` (a feature stream), or ``j``, the output of stack ``j`` (before it); the
+    model's ``input_size`` (the width of ``x``) is then given.
+
     Shapes: ``x`` ``(B, T, F)``, ``lengths`` ``(B,)`` -> dict of logits, ``"senone"`` ``(B, T, num_senones)``
     and, when ``num_mono`` is set, ``"mono"`` ``(B, T, num_mono)``; with ``mse_stack``, ``"mse"``
     ``(B, T, stacks[mse_stack].output_size)``.
@@ -30,32 +36,77 @@ class AcousticModel(nn.Module):
     >>> out = net(torch.randn(2, 7, 13), torch.tensor([7, 4]))
     >>> out["senone"].shape, out["mono"].shape
     (torch.Size([2, 7, 20]), torch.Size([2, 7, 5]))
+    >>> a, b = models.build_stack("mlp", 10, [4]), models.build_stack("gru", 3, [5])  # x: 10 then 3 columns
+    >>> c = models.build_stack("mlp", 9, [6])  # reads a and b
+    >>> net = AcousticModel([a, b, c], 20, sources=[[slice(0, 10)], [slice(10, 13)], [0, 1], [2]], input_size=13)
+    >>> net(torch.randn(2, 7, 13), torch.tensor([7, 4]))["senone"].shape
+    torch.Size([2, 7, 20])
     """
 
     def __init__(self, stacks: Sequence[RecurrentStack], num_senones: int, num_mono: Optional[int] = None,
-                 mse_stack: Optional[int] = None, xent_head: bool = False):
+                 mse_stack: Optional[int] = None, xent_head: bool = False,
+                 sources: Optional[Sequence[Sequence[Union[int, slice]]]] = None, input_size: Optional[int] = None):
         super().__init__()
         if not stacks:
             raise ValueError("an acoustic model needs at least one stack of layers")
         if mse_stack is not None and not 0 <= mse_stack < len(stacks):
             raise ValueError(f"mse_stack must index one of the {len(stacks)} stacks, got {mse_stack}")
         self.mse_stack = mse_stack
-        for before, after in zip(stacks, stacks[1:]):
-            if before.output_size != after.input_size:
-                raise ValueError(f"a stack of output size {before.output_size} feeds one of input size {after.input_size}")
+        if sources is None:
+            for before, after in zip(stacks, stacks[1:]):
+                if before.output_size != after.input_size:
+                    raise ValueError(f"a stack of output size {before.output_size} feeds one of input size {after.input_size}")
+            width = stacks[-1].output_size
+            self.input_size = stacks[0].input_size
+        else:
+            if input_size is None or len(sources) != len(stacks) + 1:
+                raise ValueError(f"sources needs input_size and one list per stack and one for the outputs "
+                                 f"({len(stacks) + 1}), got {len(sources)}")
+            self.input_size = input_size
+            widths = [self._width(items, k, stacks, input_size) for k, items in enumerate(sources)]
+            for k, stack in enumerate(stacks):
+                if widths[k] != stack.input_size:
+                    raise ValueError(f"stack {k} has input size {stack.input_size} but reads {widths[k]} values "
+                                     f"per frame ({list(sources[k])})")
+            width = widths[-1]
+        self.sources = None if sources is None else [list(items) for items in sources]
         self.stacks = nn.ModuleList(stacks)
-        width = stacks[-1].output_size
         self.senone = nn.Linear(width, num_senones)
         self.mono = nn.Linear(width, num_mono) if num_mono else None
         self.xent = nn.Linear(width, num_senones) if xent_head else None
-        self.input_size = stacks[0].input_size
+
+    @staticmethod
+    def _width(items, k: int, stacks, input_size: int) -> int:
+        """Values per frame of what reader ``k`` (a stack, or ``len(stacks)``: the outputs) concatenates."""
+        if not items:
+            raise ValueError(f"reader {k} of the sources reads nothing")
+        width = 0
+        for item in items:
+            if isinstance(item, slice):
+                if not 0 <= item.start < item.stop <= input_size or item.step not in (None, 1):
+                    raise ValueError(f"reader {k}: columns {item} are not a range of the {input_size} of the input")
+                width += item.stop - item.start
+            elif isinstance(item, int) and 0 <= item < k:
+                width += stacks[item].output_size
+            else:
+                raise ValueError(f"reader {k}: {item!r} is neither a slice of the input nor a stack before it")
+        return width
+
+    @staticmethod
+    def _gather(x: torch.Tensor, outs: list, items) -> torch.Tensor:
+        parts = [x[..., item] if isinstance(item, slice) else outs[item] for item in items]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def forward(self, x: torch.Tensor, lengths) -> dict[str, torch.Tensor]:
-        out = {}
+        out, outs = {}, []
         for index, stack in enumerate(self.stacks):
-            x = stack(x, lengths)
+            if self.sources is None:
+                outs.append(stack(outs[-1] if outs else x, lengths))
+            else:
+                outs.append(stack(self._gather(x, outs, self.sources[index]), lengths))
             if index == self.mse_stack:
-                out["mse"] = x
+                out["mse"] = outs[-1]
+        x = outs[-1] if self.sources is None else self._gather(x, outs, self.sources[-1])
         # The heads' products in aligned rows on the CPU (models.fast.products): their input gradient is
         # as wide as the last layer, 1100 floats for 550 units both ways, the width that slows GEMM.
         out["senone"] = linear(x, self.senone.weight, self.senone.bias)

@@ -13,9 +13,12 @@ from torch.nn import functional as F
 from models import fast
 from models.recurrent import Cell, RecurrentMatrixCell
 
-# "linear": the identity (pytorch-kaldi's MLP act "linear", e.g. a layer regressing features for its mse)
+# "linear": the identity (pytorch-kaldi's MLP act "linear", e.g. a layer regressing features for its mse);
+# "leaky_relu" with pytorch-kaldi's negative slope, nn.LeakyReLU(0.2) in its act_fun, not torch's default 0.01;
+# "elu": torch's, alpha 1, as pytorch-kaldi's nn.ELU()
+LEAKY_RELU_SLOPE = 0.2
 ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "sigmoid": torch.sigmoid, "softplus": F.softplus,
-               "linear": lambda x: x}
+               "linear": lambda x: x, "leaky_relu": lambda x: F.leaky_relu(x, LEAKY_RELU_SLOPE), "elu": F.elu}
 
 
 class InnerDropout:

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from bru_kaldi import config
+from bru_kaldi.chain.den_graph import read_den_fst, write_den_fst
+from bru_kaldi.chain.supervision import estimate_denominator
 from bru_kaldi.config import ConfigError, parse_config
 from data_io import Corpus, LoaderOptions, dataset_for
 from bru_kaldi.feature_transforms import parse_fea_opts
@@ -34,15 +36,20 @@ SPLITS = ("train", "dev", "test")
 KALDI_VIEW = {
     "TIMIT_FMLLR": dict(zip(("train", "dev", "test"), (f"data/{s}" for s in SPLITS))),
     "TIMIT_EXP": {"tri3_ali": "exp/mono_ali_train", "tri3_ali_dev": "exp/mono_ali_dev",
-                  "tri3_ali_test": "exp/mono_ali_test", "tri3/graph": "exp/mono/graph"},
+                  "tri3_ali_test": "exp/mono_ali_test", "tri3/graph": "exp/mono/graph",
+                  "tri3/graph_chain": "exp/mono/graph_chain"},
     "WSJ_FMLLR": dict(zip(("train_si284", "test_dev93", "test_eval92"), (f"data/{s}" for s in SPLITS))),
     "WSJ_EXP": {"tri4b_ali_si284": "exp/mono_ali_train", "tri4b_ali_dev93": "exp/mono_ali_dev",
-                "tri4b_ali_eval92": "exp/mono_ali_test", "tri4b/graph_tgpr": "exp/mono/graph"},
+                "tri4b_ali_eval92": "exp/mono_ali_test", "tri4b/graph_tgpr": "exp/mono/graph",
+                "tri4b/graph_chain_tgpr": "exp/mono/graph_chain"},
     "AMI_FMLLR": dict(zip(("train", "dev", "eval"), (f"data/{s}" for s in SPLITS))),
     "AMI_EXP": {"tri3_ali": "exp/mono_ali_train", "tri3_ali_dev": "exp/mono_ali_dev",
                 "tri3_ali_eval": "exp/mono_ali_test", "tri3/graph_ami_fsh.o3g.kn.pr1-7": "exp/mono/graph"},
 }
 DEFAULTED = ("WSJ_GRAPH", "AMI_GMM", "AMI_LM")  # optional variables: the cfgs' defaults are checked
+# the den.fst a Kaldi user makes with chain-make-den-fst for the LF-MMI configs (cfg/README.md): ours of the
+# tiny corpus's alignments stands in for it
+DEN_FSTS = {"TIMIT_EXP": "tri3_den/den.fst", "WSJ_EXP": "tri4b_den/den.fst"}
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +63,10 @@ def kaldi_view(tiny_corpus, tmp_path_factory) -> dict[str, Path]:
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).symlink_to(tiny_corpus.root / target, target_is_directory=True)
         folders[variable] = folder
+    graph = estimate_denominator(tiny_corpus.ali("train"), order=2)
+    for variable, name in DEN_FSTS.items():
+        (folders[variable] / name).parent.mkdir(parents=True)
+        write_den_fst(graph, folders[variable] / name)
     return folders
 
 
@@ -213,6 +224,18 @@ def test_the_tiny_size_reads_every_corpus_path_from_its_own_folder(path, monkeyp
     config.write_resolved(parse_config(resolved), again)
     body = lambda written: written.split("\n", 1)[1]  # after the "resolved from" line
     assert body(again.read_text()) == body(text)  # not moved a second time
+
+
+@pytest.mark.parametrize("path", [p for p in CFGS if "objective = lfmmi" in p.read_text()], ids=lambda p: p.stem)
+def test_lfmmi_cfgs_decode_as_kaldi_chain_models(path):
+    """Every LF-MMI config decodes on a chain graph (self-loop scale 1.0), at acoustic scale 1.0 with
+    lattices scaled by 10, as Kaldi's chain models; its denominator is estimated from the alignments (the
+    built-in corpus's monophones) or a den.fst that exists (a Kaldi recipe's triphone tree)."""
+    cfg = parse_config(path)
+    graphs = {Path(lab.lab_graph).name for d in cfg.datasets for lab in d.lab if lab.lab_name == cfg.model.senone_lab}
+    assert graphs and all(g.startswith("graph_chain") for g in graphs), graphs
+    assert (cfg.decoding.acwt, cfg.decoding.post_decode_acwt) == (1.0, 10.0) and 1.0 in cfg.decoding.acwt_sweep
+    assert cfg.model.lfmmi_den_fst == "" if path in MINI + MINIW else read_den_fst(cfg.model.lfmmi_den_fst).num_states
 
 
 @pytest.mark.parametrize("name, variable", [("TIMIT_liBRU", "TIMIT_EXP"), ("TIMIT_liBRU", "TIMIT_FMLLR"),

@@ -127,6 +127,9 @@ def test_unit_options_reach_the_units():
          r"arch_name=rec\]: bidirectional: expected 1 or 2 values \(one per layer\), got 3"),
         (("norm = batch", "norm = group"), r"arch_name=rec\]: norm must be one of"),
         (("dropout = 0.2", "dropout = 1.5"), r"arch_name=rec\]: dropout must be in \[0, 1\)"),
+        (("unit = ligru", "unit = mlp\nactivation = relu,tanh,relu"),
+         r"arch_name=rec\]: activation: expected 1 or 2 values \(one per layer\), got 3"),
+        (("unit = ligru", "unit = rnn\nactivation = relu,swish"), r"arch_name=rec\]: activation must be one of .*got 'swish'"),
     ],
 )
 def test_units_and_their_options_are_checked_before_anything_runs(edit, message):
@@ -196,6 +199,11 @@ def test_overrides_replace_values():
         (("stack = rec,top", "stack = rec,tpo"), r"unknown architecture in stack 'tpo' \(did you mean 'top'\?\)"),
         (("valid_with = train", "valid_with = dev"), r"unknown dataset for valid_with 'dev'"),
         (("inputs = fbank,mfcc", "inputs = fbank,plp"), "unknown feature stream in inputs 'plp'"),
+        (("backward = kalman", "backward = kalman\ninputs = rec,plp"),
+         r"\[architecture arch_name=top\] inputs: 'plp' is neither a stream of \[model\] inputs \(fbank, mfcc\) nor an "
+         r"architecture before it in \[model\] stack \(rec\)"),
+        (("arch_opt = adam", "arch_opt = adam\ninputs = top"), r"arch_name=rec\] inputs: 'top' is neither .* \(none\)"),
+        (("mono_weight = 0.5", "mono_weight = 0.5\nmono_size = -1"), r"\[model\] mono_size: expected a number of classes"),
         (("ark:- ark:- |", "ark:- ark:- | add-deltas --delta-ordr=2 ark:- ark:- |"),
          r"dataset train stream fbank: fea_opts add-deltas: unsupported options"),
         (("n_chunks = 2", "n_chunks = 2\n[batches]\nmax_missing_fraction = 5"), r"\[batches\] max_missing_fraction: expected a fraction in \[0, 1\], got 5"),

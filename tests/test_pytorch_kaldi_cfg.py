@@ -2,7 +2,11 @@
 its TIMIT baselines: [cfg_proto], the machinery options, multi-stream datasets, LSTM / GRU / liGRU / RNN /
 MLP classes, N_out_lab_cd / N_out_lab_mono output MLPs with their own learning rates, the monophone
 multitask through mult_constant and sum, progressive values, the length curriculum, frame batches)
-are translated, built and run on the tests' tiny corpus.
+are translated, built and run on the tests' tiny corpus. Then, one block each, the forms of its other
+configs: the DIRHA baselines' hard-wrapped lines, [exp] pretrain_file, LSTM_cudnn, per-layer activations
+and leaky_relu, three streams joined two at a time, output layers of a written number of classes with a
+counts file, and architectures' outputs concatenated. Long because each form is checked against what
+pytorch-kaldi means and run end to end on the same corpus, with the helpers the blocks share.
 
 The expected networks are derived from pytorch-kaldi's neural_networks.py and core.py, stated in
 ``EXPECTED`` below: per layer the unit, size, direction, where dropout sits (pytorch-kaldi drops the
@@ -424,7 +428,7 @@ def test_mse_translates_to_an_auxiliary_term_of_the_chain(env, tmp_path):
         assert (m.mse_arch, m.mse_target, m.mse_weight) == ("MLP_SE", "mfcc", 0.5)
         assert m.stack == ["liGRU_SE", "MLP_SE", "liGRU_SR"] and m.inputs == ["fbank"]
         assert (m.mono_lab, m.mono_weight, m.senone_lab) == ("lab_mono", 1.0, "lab_cd")
-        assert config.architecture("MLP_SE").activation == "linear" and config.architecture("MLP_SE").sizes == [13]
+        assert config.architecture("MLP_SE").activation == ["linear"] and config.architecture("MLP_SE").sizes == [13]
     assert "mse averages the squared error over real frames only" in " ".join(config.notes)
     model, _ = build_model(config, input_dim=5, num_pdfs=31, num_mono=7, mse_dim=13)
     model.eval()
@@ -533,3 +537,349 @@ def test_an_autoencoder_is_refused_naming_what_is_missing(env, tmp_path):
     assert "loss_final: no cost_nll(enc_out,<label>) of the senone output ([forward] forward_out = enc_out) (an mse " \
            "alone, e.g. an autoencoder, trains no senone output to decode" in message, message
     assert "err_final: expected cost_err(enc_out," in message
+
+
+# pytorch-kaldi's DIRHA baselines (DIRHA_GRU_fmllr, DIRHA_MLP_fmllr, DIRHA_liGRU_fmllr) and
+# TIMIT_liGRU_fmllr_lr_schedule were saved with their long fea_opts lines hard-wrapped at a fixed width: the
+# rest of a line went to the next one as it was, in column 0 (or with the space the break fell on). Each form
+# below is one of theirs; they also write "fea:fea_name=" and "[exp] pretrain_file=none".
+def hard_wrap(text, anchor, before):
+    """``text`` with the first line matching regex ``anchor`` broken right before the last ``before`` on it, the
+    rest of the line starting the next one, as an editor wrapping at a fixed width leaves it."""
+    lines = text.split("\n")
+    i = next(i for i, line in enumerate(lines) if re.search(anchor, line))
+    cut = lines[i].rindex(before)
+    lines[i:i + 1] = [lines[i][:cut], lines[i][cut:]]
+    return "\n".join(lines)
+
+
+def dirha_like(text):
+    text = text.replace("fea = fea_name=", "fea:fea_name=").replace("lab = lab_name=", "lab:lab_name=")
+    text = text.replace("[exp]\n", "[exp]\npretrain_file=none\n", 1)
+    text = hard_wrap(text, r"data/train/cmvn\.scp", "- ark:- | add-deltas")  # "...ark:" / "- ark:- | add-deltas ..."
+    text = hard_wrap(text, r"^- ark:- \| add-deltas", "as --delta-order")  # "... add-delt" / "as --delta-order=0 ..."
+    text = hard_wrap(text, r"data/dev/cmvn\.scp", ":- ark:- | add-deltas")  # "...ark" / ":- ark:- | ..."
+    text = hard_wrap(text, r"data/test/cmvn\.scp", "ark:- | add-deltas")  # "...ark:- " / "ark:- | ...": an option "ark"
+    text = hard_wrap(text, r"^ark:- \| add-deltas", " --delta-order")  # "... add-deltas" / " --delta-order=0 ...": indented
+    return hard_wrap(text, r"data/train/cmvn_mfcc\.scp", "|")  # "...ark:- " / "|"
+
+
+@pytest.mark.parametrize("name", ["MLP", "liGRU"])
+def test_hard_wrapped_lines_are_joined_back(name, env, tmp_path):
+    """The wrapped config is recognised as pytorch-kaldi's (its own configparser refuses it) and reads exactly
+    as the unwrapped one; the note names the lines joined."""
+    import configparser
+
+    wrapped = dirha_like(CONFIGS[name])
+    assert wrapped.count("\n") == CONFIGS[name].count("\n") + 7
+    assert "\n|\n" in wrapped and "\n:- ark:- |" in wrapped and "\n --delta-order=0" in wrapped and "\nas --delta" in wrapped
+    with pytest.raises(configparser.Error):  # as pytorch-kaldi reads it
+        configparser.ConfigParser().read_string(wrapped)
+    assert pytorch_kaldi.is_pytorch_kaldi(wrapped)
+    config, plain = parse_config(write(tmp_path, "dirha", wrapped)), parse_config(write(tmp_path, "plain", CONFIGS[name]))
+    assert config.datasets == plain.datasets and config.model == plain.model
+    assert config.architectures == plain.architectures
+    lines = [n + 1 for n, line in enumerate(wrapped.split("\n")) if line.startswith(("- ark", "as --", ":- ark", "ark:- |", " --d", "|"))]
+    assert len(lines) == 6
+    assert any(f"line(s) {', '.join(map(str, lines))} start with no key of [datasetN]: the rest of a hard-wrapped line" in n
+               for n in config.notes)
+    assert any("pytorch-kaldi [exp] pretrain_file = none: not read by pytorch-kaldi either" in n for n in config.notes)
+
+
+def test_a_hard_wrapped_config_runs_end_to_end(env, tmp_path):
+    """DIRHA_MLP_fmllr's form: an MLP on spliced frames, its fea_opts wrapped in every way, decoded to a %WER line."""
+    run(env, tmp_path / "exp", config=write(tmp_path, "dirha", dirha_like(CONFIGS["MLP"])))
+    assert re.search(r"^test: %WER \d+\.\d\d ", (tmp_path / "exp" / "res.res").read_text(), flags=re.M)
+
+
+def test_detection_reads_lines_not_a_parse():
+    assert pytorch_kaldi.is_pytorch_kaldi("[cfg_proto]\ncfg_proto=proto/global.proto\n|\n")
+    assert pytorch_kaldi.is_pytorch_kaldi("[model]\nmodel:out=compute(A,fbank)\n")
+    assert not pytorch_kaldi.is_pytorch_kaldi("[model]\nstack = a\nmono_lab = none\n[architecture1]\nunit = mlp\n")
+
+
+def test_exp_pretrain_file(env, tmp_path):
+    """pytorch-kaldi reads [exp] pretrain_file nowhere (TIMIT_RNN_* have it): none is accepted, with a note,
+    and changes nothing; a path is refused rather than silently not loaded."""
+    text = CONFIGS["RNN"].replace("[exp]\n", "[exp]\npretrain_file = none\n", 1)
+    assert pytorch_kaldi.translate(text)[0] == pytorch_kaldi.translate(CONFIGS["RNN"])[0]
+    assert "pytorch-kaldi [exp] pretrain_file = none: not read by pytorch-kaldi either; nothing to load" in pytorch_kaldi.translate(text)[1]
+    with pytest.raises(ConfigError, match=r"rnn.cfg \[exp\] pretrain_file = exp/x/final.pkl: pytorch-kaldi ignores this "
+                                          r"option .* set it to none"):
+        parse_config(write(tmp_path, "rnn", text.replace("pretrain_file = none", "pretrain_file = exp/x/final.pkl")))
+
+
+# pytorch-kaldi's TIMIT_LSTM_fmllr_cudnn: its LSTM_cudnn class is one torch.nn.LSTM of num_layers layers
+# (proto/LSTM_cudnn.proto's options), dropout between the layers.
+def cudnn_arch(bias="True", batch_first="True", dropout="0.2", klass="LSTM_cudnn"):
+    return (f"\n[architecture1]\narch_name = {klass}_layers\narch_proto = proto/{klass}.proto\narch_library = neural_networks\n"
+            f"arch_class = {klass}\narch_pretrain_file = none\narch_freeze = False\narch_seq_model = True\nhidden_size=6\n"
+            f"num_layers=3\nbias={bias}\nbatch_first={batch_first}\ndropout={dropout}\nbidirectional=True\narch_lr = 0.0016\n"
+            "arch_halving_factor = 0.5\narch_improvement_threshold = 0.001\n" + OPT["rmsprop"])
+
+
+def cudnn(klass="LSTM_cudnn", **options):
+    return config(cudnn_arch(klass=klass, **options) + HEADS, MULTITASK.format(trunk=f"{klass}_layers", inp="fbank", weight="1.0"))
+
+
+def test_lstm_cudnn_is_torch_lstm_with_its_layers(env, tmp_path):
+    """LSTM_cudnn -> our cudnn_lstm, one layer per num_layers; torch's dropout on every layer's output but the
+    last is our dropout on every layer's input but the first. In evaluation the stack computes what
+    pytorch-kaldi's nn.LSTM(F, 6, num_layers=3, bidirectional=True) computes with the same weights."""
+    path = write(tmp_path, "cudnn", cudnn())
+    native = run(env, tmp_path / "exp", "--convert", config=path).stdout
+    for line in ("unit = cudnn_lstm", "sizes = 6,6,6", "dropout = 0.0,0.2,0.2", "bidirectional = True", "inputs = fbank"):
+        assert f"\n{line}\n" in native, native
+    assert "LSTM_cudnn / GRU_cudnn dropout draws one mask per sequence" in native
+    config = parse_config(path)
+    model, _ = build_model(config, input_dim=5, num_pdfs=31, num_mono=7)
+    layers = model.stacks[0].layers
+    assert [type(layer).__name__ for layer in layers] == ["VendorRNN"] * 3
+    assert [layer.dropout for layer in layers] == pytest.approx([0.0, 0.2, 0.2])
+    theirs = torch.nn.LSTM(5, 6, num_layers=3, bidirectional=True)  # time-major, as pytorch-kaldi feeds it
+    with torch.no_grad():
+        for k, layer in enumerate(layers):
+            for name, weight in layer.rnn.named_parameters():  # weight_ih_l0(_reverse) ... of a one-layer LSTM
+                getattr(theirs, name.replace("_l0", f"_l{k}")).copy_(weight)
+    model.eval()
+    x = torch.randn(2, 9, 5)
+    ours = model.stacks[0](x, torch.tensor([9, 9]))
+    torch.testing.assert_close(ours, theirs(x.transpose(0, 1))[0].transpose(0, 1), rtol=1e-5, atol=1e-6)
+    run(env, tmp_path / "exp", "--stop-stage", "train", config=path)
+    assert len([line for line in (tmp_path / "exp" / "res.res").read_text().splitlines() if line.startswith("epoch=")]) == 1
+
+
+def test_gru_cudnn_maps_to_cudnn_gru(env, tmp_path):
+    config = parse_config(write(tmp_path, "gru", cudnn(klass="GRU_cudnn")))
+    arch = config.architecture("GRU_cudnn_layers")
+    assert (arch.unit, arch.sizes, arch.dropout, arch.bidirectional) == ("cudnn_gru", [6, 6, 6], [0.0, 0.2, 0.2], [True])
+
+
+@pytest.mark.parametrize("options, expected", [
+    ({"bias": "False"}, r"\[architecture1\] bias = False: our cudnn_lstm layers always have biases"),
+    ({"batch_first": "False"}, r"\[architecture1\] batch_first = False: in pytorch-kaldi's LSTM_cudnn it only turns off "
+                               r"the orthogonal initialisation"),
+    ({"dropout": "0.2*2|0.1"}, r"\[architecture1\] dropout = 0.2\*2\|0.1: per-epoch dropout rates"),
+], ids=["no-bias", "time-major", "dropout-schedule"])
+def test_lstm_cudnn_options_we_cannot_honour_are_refused(options, expected, env, tmp_path):
+    with pytest.raises(ConfigError, match=expected):
+        parse_config(write(tmp_path, "cudnn", cudnn(**options)))
+
+
+def test_per_layer_activations_and_leaky_relu(env, tmp_path):
+    """dnn_act one per layer (TIMIT_MLP_fbank_autoencoder's relu,linear), leaky_relu with pytorch-kaldi's slope
+    0.2 (its act_fun: nn.LeakyReLU(0.2)) and elu; softmax only on an output layer."""
+    mlp = arch(1, "MLP_layers1", "MLP", "dnn", "16,16,12,N_out_lab_cd", "0.0", "False", "False",
+               "relu,leaky_relu,linear,softmax", "0.08", "False", opt="sgd")
+    text = config(mlp, "\n[model]\nmodel_proto = proto/model.proto\nmodel = out_dnn1=compute(MLP_layers1,fbank)\n"
+                       "\tloss_final=cost_nll(out_dnn1,lab_cd)\n\terr_final=cost_err(out_dnn1,lab_cd)\n", out="out_dnn1")
+    path = write(tmp_path, "acts", text)
+    assert "\nactivation = relu,leaky_relu,linear\n" in pytorch_kaldi.translate(text)[0]
+    config_ = parse_config(path)
+    model, _ = build_model(config_, input_dim=5, num_pdfs=31, num_mono=None)
+    x = torch.tensor([-1.0, 0.0, 2.0])
+    for layer, want in zip(model.stacks[0].layers, ([0.0, 0.0, 2.0], [-0.2, 0.0, 2.0], [-1.0, 0.0, 2.0])):
+        assert layer.cells[0].activation(x).tolist() == pytest.approx(want)
+    with pytest.raises(ConfigError, match=r"dnn_act: expected 1 or 4 values \(one per layer\), got 2"):
+        parse_config(write(tmp_path, "two", text.replace("relu,leaky_relu,linear,softmax", "relu,softmax")))
+    with pytest.raises(ConfigError, match=r"dnn_act = relu,softmax,linear,softmax: softmax is not an activation of a "
+                                          r"hidden layer \(expected one of tanh, relu, sigmoid, softplus, linear, leaky_relu, elu"):
+        parse_config(write(tmp_path, "soft", text.replace("relu,leaky_relu,linear,softmax", "relu,softmax,linear,softmax")))
+    elu = parse_config(write(tmp_path, "elu", text.replace("relu,leaky_relu,linear,softmax", "elu,elu,elu,softmax")))
+    assert build_model(elu, 5, 31, None)[0].stacks[0].layers[0].cells[0].activation(torch.tensor([-1.0])).item() == \
+        pytest.approx(-0.6321206)  # exp(-1) - 1
+
+
+# pytorch-kaldi's TIMIT_mfcc_fbank_fmllr_liGRU_best: three streams joined two at a time (mfcc, fbank, then fmllr),
+# leaky_relu MLPs around a bidirectional liGRU, senone and monophone outputs on the last MLP. The third stream is
+# here the fbank features again under the name fmllr.
+def three_streams(text):
+    return re.sub(r"(\tfea_lst=\$MINI_TIMIT/data/(\w+)/feats_mfcc\.scp\n.*\n\tcw_left=0\n\tcw_right=0\n)",
+                  lambda m: m.group(1) + f"\n\tfea_name=fmllr\n\tfea_lst=$MINI_TIMIT/data/{m.group(2)}/feats.scp\n"
+                                         "\tfea_opts=add-deltas --delta-order=0 ark:- ark:- |\n\tcw_left=0\n\tcw_right=0\n", text)
+
+
+BEST_MODEL = """
+[model]
+model_proto = proto/model.proto
+model = conc1=concatenate(mfcc,fbank)
+\tconc2=concatenate(conc1,fmllr)
+\tout_dnn1=compute(MLP_layers_first,conc2)
+\tout_dnn2=compute(liGRU_layers,out_dnn1)
+\tout_dnn3=compute(MLP_layers_second,out_dnn2)
+\tout_dnn4=compute(MLP_layers_last,out_dnn3)
+\tout_dnn5=compute(MLP_layers_last2,out_dnn3)
+\tloss_mono=cost_nll(out_dnn5,lab_mono)
+\tloss_mono_w=mult_constant(loss_mono,1.0)
+\tloss_cd=cost_nll(out_dnn4,lab_cd)
+\tloss_final=sum(loss_cd,loss_mono_w)
+\terr_final=cost_err(out_dnn4,lab_cd)
+"""
+BEST_ARCHS = (arch(1, "MLP_layers_first", "MLP", "dnn", "16", "0.15", "True", "False", "leaky_relu", "0.0004", "False")
+              + arch(2, "liGRU_layers", "liGRU", "ligru", "8,8", "0.2,0.2", "True,True", "False,False", "relu,relu",
+                     "0.0004", "True", bidir="True")
+              + arch(3, "MLP_layers_second", "MLP", "dnn", "16", "0.15", "True", "False", "leaky_relu", "0.0004", "False")
+              + head(4, "MLP_layers_last", "lab_cd", "0.0004") + head(5, "MLP_layers_last2", "lab_mono", "0.0004"))
+
+
+def test_three_streams_joined_two_at_a_time_run_end_to_end(env, tmp_path):
+    """conc2=concatenate(concatenate(mfcc,fbank),fmllr) is [model] inputs = mfcc,fbank,fmllr, read and joined
+    per frame in that order (pytorch-kaldi's torch.cat order); the network reads the 13 + 40 + 40 values;
+    trained and decoded to a %WER line."""
+    import data_io
+
+    path = write(tmp_path, "best", three_streams(config(BEST_ARCHS, BEST_MODEL, out="out_dnn4", increase="True")))
+    config_ = parse_config(path)
+    m = config_.model
+    assert m.inputs == ["mfcc", "fbank", "fmllr"]
+    assert m.stack == ["MLP_layers_first", "liGRU_layers", "MLP_layers_second"]
+    assert (m.senone_arch, m.mono_arch, m.mono_lab) == ("MLP_layers_last", "MLP_layers_last2", "lab_mono")
+    assert all(not config_.architecture(name).inputs for name in m.stack), "a chain: each reads the one before"
+    assert config_.architecture("MLP_layers_first").activation == ["leaky_relu"]
+    spec = data_io.dataset_for(config_, "train", with_labels=True)
+    assert [s.fea_name for s in spec.fea] == ["mfcc", "fbank", "fmllr"]
+    assert [s.dim for s in data_io.Corpus(spec).sources] == [13, 40, 40]
+    model, _ = build_model(config_, input_dim=93, num_pdfs=31, num_mono=7)
+    assert model.stacks[0].layers[0].proj.in_features == 93 and model.stacks[0].layers[0].cells[0].activation(
+        torch.tensor([-1.0])).item() == pytest.approx(-0.2)
+    run(env, tmp_path / "exp", config=path)
+    assert re.search(r"^test: %WER \d+\.\d\d ", (tmp_path / "exp" / "res.res").read_text(), flags=re.M)
+
+
+# pytorch-kaldi's TIMIT_MLP_fbank_prod: output layers with the number of classes written out (dnn_lay = 1880 and 48,
+# TIMIT's pdfs and phones, where N_out_lab_cd / N_out_lab_mono would take them from the alignments), and
+# normalize_with_counts_from naming a counts file instead of a label stream.
+def prod(senone, mono, counts="lab_cd"):
+    archs = (arch(1, "MLP_layers1", "MLP", "dnn", "16,16", "0.15", "True", "False", "relu", "0.08", "False", opt="sgd")
+             + arch(2, "MLP_layers2", "MLP", "dnn", str(senone), "0.0", "False", "False", "softmax", "0.0004", "False")
+             + arch(3, "MLP_layers3", "MLP", "dnn", str(mono), "0.0", "False", "False", "softmax", "0.0004", "False"))
+    model = MULTITASK.format(trunk="MLP_layers1", inp="fbank", weight="1.0").replace("MLP_cd", "MLP_layers2").replace(
+        "MLP_mono", "MLP_layers3")
+    return config(archs, model, batch="64").replace("normalize_with_counts_from = lab_cd", f"normalize_with_counts_from = {counts}")
+
+
+def label_dims(config_):
+    import data_io
+
+    return data_io.Corpus(data_io.dataset_for(config_, "train", with_labels=True)).label_dims
+
+
+def test_literal_output_sizes_are_checked_against_the_labels(env, tmp_path):
+    """Accepted when the number is the labels': the pdfs; for per-frame phones pytorch-kaldi's N_out_lab_mono
+    (hmm-info's number of phones, ids from 1) or ours (one more). Otherwise the run stops with an error naming
+    the config, section, option and both numbers, once the labels are read."""
+    dims = label_dims(parse_config(write(tmp_path, "lstm", CONFIGS["LSTM"])))
+    pdfs, classes = dims["lab_cd"], dims["lab_mono"]
+    path = write(tmp_path, "prod", prod(pdfs, classes - 1))
+    config_ = parse_config(path)
+    assert (config_.model.senone_size, config_.model.mono_size) == (pdfs, classes - 1)
+    assert (config_.model.senone_arch, config_.model.mono_arch, config_.model.stack) == ("MLP_layers2", "MLP_layers3", ["MLP_layers1"])
+    assert config_.origins == {"senone_size": f"{path} [architecture2] dnn_lay", "mono_size": f"{path} [architecture3] dnn_lay"}
+    for mono in (classes - 1, classes):
+        model, _ = build_model(parse_config(write(tmp_path, "prod", prod(pdfs, mono))), 40, pdfs, classes)
+        assert (model.senone.out_features, model.mono.out_features) == (pdfs, classes)
+    with pytest.raises(ConfigError, match=rf"prod.cfg \[architecture2\] dnn_lay: an output layer of {pdfs} classes for the "
+                                          rf"label stream lab_cd, whose alignments have {pdfs + 1} pdfs: expected {pdfs + 1}"):
+        build_model(config_, 40, pdfs + 1, classes)
+    with pytest.raises(ConfigError, match=rf"\[architecture3\] dnn_lay: an output layer of {classes - 1} classes for the label "
+                                          rf"stream lab_mono, whose alignments have {classes} phones \(ids 1 to {classes}; "
+                                          rf"our output has {classes + 1} classes\): expected {classes} or {classes + 1}"):
+        build_model(config_, 40, pdfs, classes + 1)
+    wrong = write(tmp_path, "wrong", prod(1880, classes - 1))
+    result = run(env, tmp_path / "exp_wrong", "--stop-stage", "train", config=wrong, expect=1)
+    assert f"wrong.cfg [architecture2] dnn_lay: an output layer of 1880 classes for the label stream lab_cd, whose " \
+           f"alignments have {pdfs} pdfs: expected {pdfs}" in result.stderr, result.stderr
+
+
+def test_literal_sizes_and_a_counts_file_run_end_to_end(env, tmp_path):
+    """TIMIT_MLP_fbank_prod's form on the tiny corpus: its priors from the counts file it names (here uniform)."""
+    dims = label_dims(parse_config(write(tmp_path, "lstm", CONFIGS["LSTM"])))
+    counts = tmp_path / "ali_train_pdf.counts"
+    counts.write_text("[ " + " ".join(["5"] * dims["lab_cd"]) + " ]\n")
+    path = write(tmp_path, "prod", prod(dims["lab_cd"], dims["lab_mono"] - 1, counts=counts))
+    native = run(env, tmp_path / "exp", "--convert", config=path).stdout
+    assert f"\n    lab_count_file={counts}\n" in native and "\nnormalize_with_counts_from = lab_cd\n" in native
+    assert native.count(f"lab_count_file={counts}") == 1, "the training set's senone labels only"
+    run(env, tmp_path / "exp", config=path)
+    from bru_kaldi.posteriors import read_counts
+
+    assert read_counts(str(tmp_path / "exp" / "pdf_counts")).tolist() == [5.0] * dims["lab_cd"]
+    assert re.search(r"^test: %WER \d+\.\d\d ", (tmp_path / "exp" / "res.res").read_text(), flags=re.M)
+
+
+def test_joint_training_with_a_literal_monophone_size(env, tmp_path):
+    """TIMIT_joint_training_liGRU_fbank's monophone output: dnn_lay = 48 (TIMIT's phones), with softmax."""
+    archs = JOINT_ARCHS.replace("dnn_lay = N_out_lab_mono", "dnn_lay = 48")
+    config_ = parse_config(write(tmp_path, "joint", config(archs, JOINT_MODEL.format(mse="mse(out_dnn_SE,mfcc)", weight="1.0"),
+                                                          out="out_dnn3")))
+    assert (config_.model.mono_size, config_.model.mono_arch, config_.model.mse_arch) == (48, "MLP_mono", "MLP_SE")
+    build_model(config_, 40, 31, 49, mse_dim=13)
+    with pytest.raises(ConfigError, match=r"joint.cfg \[architecture5\] dnn_lay: an output layer of 48 classes .* 40 phones"):
+        build_model(config_, 40, 31, 41, mse_dim=13)
+
+
+# Architectures' outputs joined by concatenate and read by a further architecture, which pytorch-kaldi's model=
+# allows: two branches on two streams, a recurrent layer on both, the output layers on it and on one branch again.
+BRANCHES_MODEL = """
+[model]
+model_proto = proto/model.proto
+model = out_a=compute(MLP_a,fbank)
+\tout_b=compute(MLP_b,mfcc)
+\tconc1=concatenate(out_a,out_b)
+\tout_c=compute(LSTM_c,conc1)
+\tconc2=concatenate(out_c,out_a)
+\tout_dnn2=compute(MLP_cd,conc2)
+\tout_dnn3=compute(MLP_mono,conc2)
+\tloss_mono=cost_nll(out_dnn3,lab_mono)
+\tloss_mono_w=mult_constant(loss_mono,0.5)
+\tloss_cd=cost_nll(out_dnn2,lab_cd)
+\tloss_final=sum(loss_cd,loss_mono_w)
+\terr_final=cost_err(out_dnn2,lab_cd)
+"""
+BRANCHES = config(arch(1, "MLP_a", "MLP", "dnn", "6", "0.0", "False", "False", "relu", "0.002", "False")
+                  + arch(4, "MLP_b", "MLP", "dnn", "4", "0.0", "False", "False", "tanh", "0.002", "False")
+                  + arch(5, "LSTM_c", "LSTM", "lstm", "5", "0.0", "False", "False", "tanh", "0.002", "True", bidir="False")
+                  + HEADS, BRANCHES_MODEL)
+
+
+def test_concatenated_outputs_feed_a_further_architecture(env, tmp_path):
+    """Each architecture reads what pytorch-kaldi's program gives it, joined in its order (our [architectureN]
+    inputs, where it is not the one before it); the model computes exactly that graph."""
+    path = write(tmp_path, "branches", BRANCHES)
+    config_ = parse_config(path)
+    m = config_.model
+    assert m.stack == ["MLP_a", "MLP_b", "LSTM_c"] and m.inputs == ["fbank", "mfcc"]
+    assert {name: config_.architecture(name).inputs for name in ("MLP_a", "MLP_b", "LSTM_c", "MLP_cd", "MLP_mono")} == {
+        "MLP_a": ["fbank"], "MLP_b": ["mfcc"], "LSTM_c": ["MLP_a", "MLP_b"], "MLP_cd": ["LSTM_c", "MLP_a"], "MLP_mono": []}
+    assert (m.senone_arch, m.mono_arch, m.mono_weight) == ("MLP_cd", "MLP_mono", 0.5)
+    model, _ = build_model(config_, input_dim=53, num_pdfs=31, num_mono=7, stream_dims={"fbank": 40, "mfcc": 13})
+    model.eval()
+    x, lengths = torch.randn(2, 6, 53), torch.tensor([6, 3])
+    a, b, c = model.stacks
+    out_a = a(x[..., :40], lengths)
+    out_c = c(torch.cat([out_a, b(x[..., 40:], lengths)], -1), lengths)
+    trunk = torch.cat([out_c, out_a], -1)
+    got = model(x, lengths)
+    torch.testing.assert_close(got["senone"], torch.nn.functional.linear(trunk, model.senone.weight, model.senone.bias))
+    torch.testing.assert_close(got["mono"], torch.nn.functional.linear(trunk, model.mono.weight, model.mono.bias))
+    with pytest.raises(ConfigError, match=r"\[architecture arch_name=MLP_a\] inputs = fbank: which columns of the input "
+                                          r"hold each stream is not known here"):
+        build_model(config_, input_dim=53, num_pdfs=31, num_mono=7)
+    run(env, tmp_path / "exp", config=path)  # the forward pass reads the streams' widths from final.pt
+    assert re.search(r"^test: %WER \d+\.\d\d ", (tmp_path / "exp" / "res.res").read_text(), flags=re.M)
+
+
+@pytest.mark.parametrize("model, expected", [
+    (BRANCHES_MODEL.replace("out_b=compute(MLP_b,mfcc)", "out_b=compute(MLP_a,mfcc)"),
+     r"MLP_a is computed twice \(two compute\(MLP_a,...\) lines\): one architecture applied to two inputs shares its "
+     r"weights in pytorch-kaldi, which we do not support"),
+    (BRANCHES_MODEL.replace("conc1=concatenate(out_a,out_b)", "conc1=concatenate(out_a,out_x)"),
+     r"'out_x' is neither a feature stream \(fbank, mfcc\) nor compute\(\) / concatenate\(\) of feature streams and "
+     r"architectures' outputs"),
+    (BRANCHES_MODEL.replace("out_dnn2=compute(MLP_cd,conc2)", "out_dnn2=compute(MLP_cd,conc0)\n\tconc0=concatenate(mfcc,fbank)"),
+     r"no layers between the features and the senone output"),
+], ids=["shared-weights", "unknown-variable", "no-layers"])
+def test_graphs_we_cannot_build_are_refused(model, expected, env, tmp_path):
+    text = BRANCHES.replace(BRANCHES_MODEL, model)
+    with pytest.raises(ConfigError, match=expected):
+        parse_config(write(tmp_path, "bad", text))

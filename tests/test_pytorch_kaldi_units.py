@@ -167,3 +167,20 @@ def test_input_norm_is_pytorch_kaldis_with_padding_left_out(kind):
     if norm.layer is not None:  # torch.nn.LayerNorm's formula (eps on the biased variance) gives another result
         plain = (norm.layer(torch.from_numpy(x[real])).detach().numpy() - ln[1]) / ln[0]
         assert np.abs(plain - torch.nn.functional.layer_norm(torch.from_numpy(x[real]), (F,)).numpy()).max() > 1e-2
+
+
+def test_mlp_layers_take_pytorch_kaldis_activations_one_per_layer():
+    """pytorch-kaldi's MLP applies act_fun(dnn_act[i]) to layer i: leaky_relu is nn.LeakyReLU(0.2) (not torch's
+    default slope 0.01), linear the identity. Worked by hand for x = (3, 2):
+
+        layer 1, leaky_relu: W1 x + b1 = (3 - 4 + 0, 1.5 + 2 - 1) = (-1, 2.5)  ->  (-0.2, 2.5)
+        layer 2, linear:     W2 h + b2 = (-0.2 + 2.5 + 0.5, -0.4 - 2.5 + 0) = (2.8, -2.9)
+    """
+    stack = models.build_stack("mlp", 2, [2, 2], options=[{"activation": "leaky_relu"}, {"activation": "linear"}]).eval()
+    with torch.no_grad():
+        for layer, (W, b) in zip(stack.layers, (([[1.0, -2.0], [0.5, 1.0]], [0.0, -1.0]), ([[1.0, 1.0], [2.0, -1.0]], [0.5, 0.0]))):
+            layer.proj.weight.copy_(torch.tensor(W))
+            layer.proj.bias.copy_(torch.tensor(b))
+    x = torch.tensor([[[3.0, 2.0]]])
+    assert stack.layers[0](x, torch.tensor([1])).flatten().tolist() == pytest.approx([-0.2, 2.5])
+    assert stack(x, torch.tensor([1])).flatten().tolist() == pytest.approx([2.8, -2.9])

@@ -4,8 +4,10 @@ our vocabulary.
 Each class maps to one of our units, with pytorch-kaldi's option prefix: ``LSTM`` (``lstm_``) -> ``lstm``,
 ``GRU`` (``gru_``) -> ``gru``, ``liGRU`` (``ligru_``) -> ``ligru``, ``RNN`` (``rnn_``) -> ``rnn``, ``MLP``
 (``dnn_``) -> ``mlp``; our own units take their name as class and prefix (``liBRU``, ``libru_lay``...).
-An MLP whose last layer is ``N_out_<label>`` with ``softmax`` is (or ends in) an output layer: our
-senone or monophone output, trained by that architecture's optimiser.
+An MLP whose last layer is ``N_out_<label>`` (or a number of classes, ``1880``: checked against the labels
+when the run reads them) with ``softmax`` is (or ends in) an output layer: our senone or monophone output,
+trained by that architecture's optimiser. ``LSTM_cudnn`` and ``GRU_cudnn`` (``hidden_size``, ``num_layers``...)
+map to our ``cudnn_lstm`` and ``cudnn_gru``, which run the same torch modules.
 """
 
 from __future__ import annotations
@@ -16,12 +18,19 @@ from dataclasses import dataclass, field
 CLASSES = {"lstm": ("lstm", "lstm"), "gru": ("gru", "gru"), "ligru": ("ligru", "ligru"), "rnn": ("rnn", "rnn"),
            "mlp": ("mlp", "dnn"), "libru": ("libru", "libru"), "bru": ("bru", "bru"), "ubru": ("ubru", "ubru"),
            "lbru": ("lbru", "lbru"), "ubru_tpami": ("ubru_tpami", "ubru_tpami"), "mgu": ("mgu", "mgu")}
-# pytorch-kaldi classes we have no equivalent for (its neural_networks.py)
-NO_EQUIVALENT = ("CNN", "SincNet", "SRU", "QRNN", "QLSTM", "PASE", "minimalGRU", "LSTM_cudnn", "GRU_cudnn",
-                 "RNN_cudnn", "logMelFb", "channel_averaging", "fusionRNN_jit", "liGRU_layer", "FusionLinearConv")
+# pytorch-kaldi's wrappers of torch.nn.LSTM / GRU (proto/LSTM_cudnn.proto: hidden_size, num_layers, bias,
+# batch_first, dropout, bidirectional) -> our units that run the same torch modules
+VENDOR = {"lstm_cudnn": "cudnn_lstm", "gru_cudnn": "cudnn_gru"}
+VENDOR_OPTIONS = ("hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional")
+# pytorch-kaldi classes we have no equivalent for (its neural_networks.py), and what else they would need
+RAW = "; it reads the raw waveform (a fea_lst of wav-copy archives), which our feature reader does not read either"
+NO_EQUIVALENT = {"CNN": "", "SincNet": RAW, "SRU": "", "QRNN": "", "QLSTM": "", "PASE": RAW, "minimalGRU": "",
+                 "RNN_cudnn": "", "logMelFb": RAW, "channel_averaging": "", "fusionRNN_jit": "", "liGRU_layer": "",
+                 "FusionLinearConv": ""}
 # the activation each recurrent unit has (pytorch-kaldi lets *_act choose; ours are fixed)
 FIXED_ACT = {"lstm": "tanh", "gru": "tanh", "ligru": "relu"}
-ACTS = ("tanh", "relu", "sigmoid", "softplus", "linear")
+# pytorch-kaldi's act_fun (leaky_relu: its slope 0.2), and softplus; "softmax" only on an output layer
+ACTS = ("tanh", "relu", "sigmoid", "softplus", "linear", "leaky_relu", "elu")
 OPTIMIZER_OPTIONS = {
     "rmsprop": ("opt_momentum", "opt_alpha", "opt_eps", "opt_centered", "opt_weight_decay"),
     "sgd": ("opt_momentum", "opt_weight_decay", "opt_dampening", "opt_nesterov"),
@@ -38,7 +47,8 @@ class Translated:
     name: str
     options: dict
     seq_model: bool
-    output_of: str = ""  # "N_out_<label>" when the last layer is a softmax output
+    output_of: str = ""  # "N_out_<label>" or a number of classes ("1880") when the last layer is a softmax output
+    output_where: str = ""  # where output_of is written: "<file> [architectureN] dnn_lay"
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -63,11 +73,13 @@ def translate_architecture(options: dict, where: str) -> Translated:
     name = options.get("arch_name", "")
     klass = options.get("arch_class", "")
     out = {"arch_name": name}
+    if klass.lower() in VENDOR:
+        return _vendor(options, out, VENDOR[klass.lower()], where)
     unit, prefix = CLASSES.get(klass.lower(), (None, None))
     if unit is None:
         why = "no equivalent here" if klass in NO_EQUIVALENT else "not a class we know"
-        problems.append(f"{where} arch_class = {klass}: {why} (supported: LSTM, GRU, liGRU, RNN, MLP, liBRU, BRU, UBRU, "
-                        f"LBRU, UBRU_tpami, MGU)")
+        problems.append(f"{where} arch_class = {klass}: {why} (supported: LSTM, GRU, liGRU, RNN, MLP, LSTM_cudnn, "
+                        f"GRU_cudnn, liBRU, BRU, UBRU, LBRU, UBRU_tpami, MGU){NO_EQUIVALENT.get(klass, '')}")
         return Translated(name, out, True, problems=problems)
     out["unit"] = unit
     own = {k for k in options if k.startswith(prefix + "_")}
@@ -77,14 +89,18 @@ def translate_architecture(options: dict, where: str) -> Translated:
         return Translated(name, out, True, problems=problems)
     n = len(lays)
     drops = _per_layer(options.get(f"{prefix}_drop", "0.0"), n, f"{where} {prefix}_drop", problems)
+    if any("*" in d or "|" in d for d in drops):
+        problems.append(f"{where} {prefix}_drop = {options[f'{prefix}_drop']}: per-epoch dropout rates (progressive "
+                        "values) are not supported; give one rate per layer")
+        drops = [d.split("|")[0].split("*")[0] for d in drops]
     bns = [_bool(v) for v in _per_layer(options.get(f"{prefix}_use_batchnorm", "False"), n, f"{where} {prefix}_use_batchnorm", problems)]
     lns = [_bool(v) for v in _per_layer(options.get(f"{prefix}_use_laynorm", "False"), n, f"{where} {prefix}_use_laynorm", problems)]
     acts = _per_layer(options.get(f"{prefix}_act", FIXED_ACT.get(unit, "relu")), n, f"{where} {prefix}_act", problems)
     output_of = ""
     if lays[-1].startswith("N_out_") or acts[-1] == "softmax":
-        if unit != "mlp" or not lays[-1].startswith("N_out_") or acts[-1] != "softmax":
-            problems.append(f"{where}: an output layer must be an MLP layer N_out_<label> with softmax "
-                            f"(got {prefix}_lay ending {lays[-1]}, {prefix}_act ending {acts[-1]})")
+        if unit != "mlp" or not (lays[-1].startswith("N_out_") or lays[-1].isdigit()) or acts[-1] != "softmax":
+            problems.append(f"{where}: an output layer must be an MLP layer N_out_<label> (or its number of classes) "
+                            f"with softmax (got {prefix}_lay ending {lays[-1]}, {prefix}_act ending {acts[-1]})")
         elif float(drops[-1]) or bns[-1] or lns[-1]:
             problems.append(f"{where}: the output layer {lays[-1]} takes no dropout or norm here (got "
                             f"dnn_drop {drops[-1]}, batchnorm {bns[-1]}, laynorm {lns[-1]})")
@@ -113,12 +129,15 @@ def translate_architecture(options: dict, where: str) -> Translated:
     if lays:
         if unit in FIXED_ACT:
             if any(a != FIXED_ACT[unit] for a in acts):
-                problems.append(f"{where} {prefix}_act = {','.join(acts)}: our {unit} uses {FIXED_ACT[unit]} only")
+                problems.append(f"{where} {prefix}_act = {options[f'{prefix}_act']}: our {unit} uses {FIXED_ACT[unit]} only")
         elif unit in ("rnn", "mlp"):
-            if len(set(acts)) > 1 or acts[0] not in ACTS:
-                problems.append(f"{where} {prefix}_act = {','.join(acts)}: one activation for every layer, one of {', '.join(ACTS)}")
+            wrong = [a for a in acts if a not in ACTS]
+            if wrong:
+                problems.append(f"{where} {prefix}_act = {options[f'{prefix}_act']}: {', '.join(dict.fromkeys(wrong))} is not an "
+                                f"activation of a hidden layer (expected one of {', '.join(ACTS)}; softmax only on an MLP's "
+                                f"last layer N_out_<label>)")
             else:
-                out["activation"] = acts[0]
+                out["activation"] = acts[0] if len(set(acts)) == 1 else ",".join(acts)
         elif f"{prefix}_act" in options:
             problems.append(f"{where} {prefix}_act: unit {unit} has no activation option")
     if f"{prefix}_bidir" in options:
@@ -140,7 +159,39 @@ def translate_architecture(options: dict, where: str) -> Translated:
         problems.append(f"{where} {option}: not an option of arch_class {klass} with arch_opt {opt} "
                         f"(proto/{klass}.proto, proto/{opt}.proto)")
     return Translated(name, out, _bool(options.get("arch_seq_model", "True" if unit != "mlp" else "False")),
-                      output_of, problems, notes)
+                      output_of, f"{where} {prefix}_lay" if output_of else "", problems, notes)
+
+
+def _vendor(options: dict, out: dict, unit: str, where: str) -> Translated:
+    """``LSTM_cudnn`` / ``GRU_cudnn``: one ``torch.nn.LSTM`` / ``GRU`` of ``num_layers`` layers, our ``cudnn_lstm`` /
+    ``cudnn_gru`` layers stacked. torch's ``dropout`` drops the output of every layer but the last, which is
+    our dropout on the input of every layer but the first (``dropout_at = input``)."""
+    problems, notes = [], []
+    klass = options["arch_class"]
+    for option in ("hidden_size", "num_layers"):
+        if not options.get(option, "").strip().isdigit() or int(options[option]) < 1:
+            problems.append(f"{where} {option} = {options.get(option, '')}: expected a positive integer (proto/{klass}.proto)")
+    if problems:
+        return Translated(out["arch_name"], out, True, problems=problems)
+    n = int(options["num_layers"])
+    drop = options.get("dropout", "0.0").strip()
+    if "*" in drop or "|" in drop:
+        problems.append(f"{where} dropout = {drop}: per-epoch dropout rates (progressive values) are not supported")
+    out.update(unit=unit, sizes=",".join([options["hidden_size"]] * n), dropout=",".join(["0.0"] + [drop] * (n - 1)),
+               norm="none", bidirectional=str(_bool(options.get("bidirectional", "False"))))
+    if not _bool(options.get("bias", "True")):
+        problems.append(f"{where} bias = False: our {unit} layers always have biases")
+    if unit == "cudnn_lstm" and not _bool(options.get("batch_first", "True")):
+        problems.append(f"{where} batch_first = False: in pytorch-kaldi's LSTM_cudnn it only turns off the orthogonal "
+                        "initialisation of the recurrent matrices (the data is time-major either way); ours are always "
+                        "orthogonal")
+    _common(options, out, where, problems, notes)
+    opt = out.get("arch_opt", "rmsprop")
+    for option in options:
+        if option not in COMMON + VENDOR_OPTIONS and option not in OPTIMIZER_OPTIONS.get(opt, ()):
+            problems.append(f"{where} {option}: not an option of arch_class {klass} with arch_opt {opt} "
+                            f"(proto/{klass}.proto, proto/{opt}.proto)")
+    return Translated(out["arch_name"], out, _bool(options.get("arch_seq_model", "True")), problems=problems, notes=notes)
 
 
 def _common(options: dict, out: dict, where: str, problems: list, notes: list) -> None:

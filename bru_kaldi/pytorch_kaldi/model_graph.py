@@ -15,15 +15,24 @@ pytorch-kaldi describes the network as a program, one assignment a line (``utils
 and ``loss_se=mse(out_dnn_SE,fbankclean)`` (``torch.mean((a - b) ** 2)``) compares an architecture's output
 with a feature stream, e.g. summed into ``loss_final`` beside ``cost_nll`` (its joint-training recipes).
 
-Our network is one chain of architectures from the input streams (``[model] inputs``, several
-concatenated per frame) to a senone softmax, with an optional monophone softmax on the same layers and an
-optional ``mse`` of the output of one architecture of the chain against a feature stream (``[model]
-mse_arch``, ``mse_target``, ``mse_weight``); :func:`resolve` maps a program onto that and reports every
-construct that does not fit.
+``concatenate(a,b)`` joins two feature streams or architectures' outputs per frame, ``a`` first; nested,
+it joins three or more (``conc2=concatenate(conc1,fmllr)``).
+
+Our network is a sequence of architectures (``[model] stack``), each reading the concatenation of feature
+streams and outputs of architectures before it (``[architectureN] inputs``; by default the architecture
+before it, the first all of ``[model] inputs``), ending in a senone softmax, with an optional monophone
+softmax on the same layers and an optional ``mse`` of the output of one of those architectures against a
+feature stream (``[model] mse_arch``, ``mse_target``, ``mse_weight``); :func:`resolve` maps a program onto
+that and reports every construct that does not fit.
 
 >>> g = parse_model("o1=compute(A,fmllr)\\no2=compute(B,o1)\\nloss_final=cost_nll(o2,lab_cd)\\nerr_final=cost_err(o2,lab_cd)", "x")
 >>> g["o2"]
 ('compute', ['B', 'o1'])
+>>> g = parse_model("c1=concatenate(mfcc,fbank)\\nc2=concatenate(c1,fmllr)\\no1=compute(A,c2)\\no2=compute(B,mfcc)\\n"
+...                 "c3=concatenate(o1,o2)\\no3=compute(C,c3)\\nloss_final=cost_nll(o3,lab_cd)\\nerr_final=cost_err(o3,lab_cd)", "x")
+>>> n = resolve(g, {"mfcc", "fbank", "fmllr"}, "o3", "x")
+>>> n.chain, n.reads, n.inputs, n.problems
+(['A', 'B', 'C'], {'A': ['mfcc', 'fbank', 'fmllr'], 'B': ['mfcc'], 'C': ['A', 'B']}, ['mfcc', 'fbank', 'fmllr'], [])
 """
 
 from __future__ import annotations
@@ -57,8 +66,8 @@ def parse_model(text: str, where: str) -> dict[str, tuple[str, list[str]]]:
 class Network:
     """What a program describes, in our terms (see :func:`resolve`)."""
 
-    inputs: list[str]  # feature streams, concatenated per frame
-    chain: list[str]  # architectures applied in order, input first; the last one ends with the senone softmax
+    inputs: list[str]  # the feature streams the network reads, in the order they are first read
+    chain: list[str]  # architectures in the order they are computed; the last one ends with the senone softmax
     senone_out: str  # the variable of the senone softmax
     senone_lab: str
     mono_arch: str = ""  # the architecture that is the monophone softmax alone
@@ -67,6 +76,8 @@ class Network:
     mse_arch: str = ""  # the architecture of the chain whose output mse compares with the stream mse_target
     mse_target: str = ""
     mse_weight: float = 1.0
+    # what each architecture of chain reads: feature streams and architectures, concatenated per frame in order
+    reads: dict[str, list[str]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
 
@@ -87,29 +98,46 @@ def resolve(program: dict, fea_names: set[str], forward_out: str, where: str) ->
             problems.append(f"{where} line {name}={operation}(...): not supported (we train cross-entropy on "
                             f"senones, with an optional monophone cost and an optional mse: cost_nll, mse, sum, "
                             f"mult_constant)")
-    produced: dict[str, str] = {}  # the variables on the chain -> the architecture that computes each
+    produced: dict[str, str] = {}  # the variables on the way to the senone output -> the architecture computing each
+    chain: list[str] = []
+    reads: dict[str, list[str]] = {}
 
-    def chain_of(variable: str) -> tuple[list[str], list[str]]:
-        """(architectures, input streams) from the features to ``variable``."""
-        archs: list[str] = []
-        while True:
-            if variable in fea_names:
-                return archs[::-1], [variable]
-            operation, args = program.get(variable, ("missing", []))
-            if operation == "compute" and len(args) == 2:
-                archs.append(args[0])
-                produced[variable] = args[0]
-                variable = args[1]
-            elif operation == "concatenate" and all(a in fea_names for a in args):
-                return archs[::-1], list(args)
+    done: dict[str, list[str]] = {}  # variable -> what it concatenates, once resolved
+
+    def read(variable: str, seen: tuple = ()) -> list[str]:
+        """The streams and architectures ``variable`` concatenates; the architectures it needs are computed
+        (added to ``chain``, after what they read) on the way."""
+        if variable in fea_names:
+            return [variable]
+        if variable in done:  # read twice (two branches of one output): computed once
+            return done[variable]
+        operation, args = program.get(variable, ("missing", []))
+        items: list[str] = []
+        if variable in seen:
+            problems.append(f"{where}: {variable} depends on itself")
+            return items
+        if operation == "compute" and len(args) == 2:
+            arch = args[0]
+            if arch in reads:
+                problems.append(f"{where}: {arch} is computed twice (two compute({arch},...) lines): one architecture "
+                                f"applied to two inputs shares its weights in pytorch-kaldi, which we do not support")
             else:
-                problems.append(f"{where}: {variable!r} is neither a feature stream ({', '.join(sorted(fea_names))}) "
-                                f"nor compute() / concatenate() of feature streams")
-                return archs[::-1], []
+                reads[arch] = read(args[1], seen + (variable,))
+                chain.append(arch)
+                produced[variable] = arch
+            items = [arch]
+        elif operation == "concatenate" and len(args) == 2:
+            items = read(args[0], seen + (variable,)) + read(args[1], seen + (variable,))
+        else:
+            problems.append(f"{where}: {variable!r} is neither a feature stream ({', '.join(sorted(fea_names))}) "
+                            f"nor compute() / concatenate() of feature streams and architectures' outputs")
+        done[variable] = items
+        return items
 
-    chain, inputs = chain_of(forward_out)
-    network = Network(inputs=inputs, chain=chain, senone_out=forward_out, senone_lab="", problems=problems)
-    if not chain:
+    read(forward_out)
+    inputs = list(dict.fromkeys(item for arch in chain for item in reads[arch] if item in fea_names))
+    network = Network(inputs=inputs, chain=chain, senone_out=forward_out, senone_lab="", reads=reads, problems=problems)
+    if not chain or program.get(forward_out, ("", []))[0] != "compute":
         problems.append(f"{where}: [forward] forward_out = {forward_out} is not the output of an architecture")
         return network
     trunk_out = program[forward_out][1][1]  # what the senone head reads
@@ -160,7 +188,9 @@ def _mse_term(network: Network, first: str, second: str, weight: float, produced
         what = "the senone output, a softmax" if out == network.senone_out else (
             "not the output of an architecture on the way from the features to the senone output "
             f"({' -> '.join(network.chain)}): a side branch of layers is not supported")
-        problems.append(f"{line}: {out} is {what}; expected the output of one of {', '.join(network.chain[:-1]) or '(none)'}")
+        before = ", ".join(network.chain[:-1])
+        expected = f"the output of one of {before}" if before else "the output of an architecture that feeds the senone output (none does here)"
+        problems.append(f"{line}: {out} is {what}; expected {expected}")
         return
     if network.mse_arch:
         problems.append(f"{line}: a second mse term (the first compares {network.mse_arch}); only one is supported")

@@ -25,7 +25,7 @@ MACHINERY = {
     ("decoding", "max_arcs"): "[decoding] max_arcs: the lattices are not pruned by arc count",
 }
 # Where we deliberately differ from pytorch-kaldi: logged once, for the units the config uses ("all": always;
-# "mse": when the loss has an mse term).
+# "cudnn": cudnn_lstm or cudnn_gru; "mse": when the loss has an mse term).
 DIFFERENCES = {
     "all": "differs from pytorch-kaldi: decoding chooses the acoustic scale on valid_with (added to forward_with) and "
            "applies it unchanged to the other sets; batch-norm statistics count real frames only (not padding)",
@@ -35,13 +35,17 @@ DIFFERENCES = {
     "ligru": "differs from pytorch-kaldi: bidirectional layers have untied weights (one set per direction); our "
              "Li-GRU update gate is pytorch-kaldi's 1 - z (the same function, see models.gated.LiGRUCell)",
     "rnn": "differs from pytorch-kaldi: bidirectional layers have untied weights (one set per direction)",
+    "cudnn": "differs from pytorch-kaldi: LSTM_cudnn / GRU_cudnn dropout draws one mask per sequence (torch's "
+             "per frame); biases start from PyTorch's initialisation (pytorch-kaldi's at zero), each gate's "
+             "recurrent matrix orthogonal (pytorch-kaldi's whole matrix)",
     "mlp": "differs from pytorch-kaldi: MLP weights start from PyTorch's Linear initialisation, not pytorch-kaldi's "
            "uniform +-sqrt(0.01 / (in + out))",
     "mse": "differs from pytorch-kaldi: mse averages the squared error over real frames only (torch.mean over a "
            "padded sequence batch also counts the padding); res.res reports the senone cross-entropy, not "
            "loss_final with the mse term",
 }
-EXP = ("cmd", "run_nn_script", "out_folder", "seed", "use_cuda", "multi_gpu", "save_gpumem", "n_epochs_tr", "production")
+EXP = ("cmd", "run_nn_script", "out_folder", "seed", "use_cuda", "multi_gpu", "save_gpumem", "n_epochs_tr", "production",
+       "pretrain_file")
 BATCHES = ("batch_size_train", "max_seq_length_train", "increase_seq_length_train", "start_seq_len_train",
            "multply_factor_seq_len_train", "batch_size_valid", "max_seq_length_valid")
 DECODING = ("min_active", "max_active", "max_mem", "beam", "latbeam", "acwt")
@@ -80,6 +84,17 @@ def simple_sections(sections: dict, source: str, problems: list, notes: list, an
     if _true(exp.get("production", "False")):
         problems.append(f"{source} [exp] production = True: run `python run_exp.py CFG --forward-only --model EXP_DIR` instead")
     problems += [f"{source} [exp] {o}: not an option of pytorch-kaldi's [exp]" for o in exp if o not in EXP]
+    # in some of its configs (TIMIT_RNN_*, DIRHA_*) but in no proto and read by no code of pytorch-kaldi: its
+    # weights come from each architecture's arch_pretrain_file. A path would be ignored there; here it is an error
+    # rather than a model silently not loaded.
+    pretrain = exp.get("pretrain_file", "none").strip()
+    if pretrain.lower() == "none":
+        if "pretrain_file" in exp:
+            notes.append("pytorch-kaldi [exp] pretrain_file = none: not read by pytorch-kaldi either; nothing to load")
+    else:
+        problems.append(f"{source} [exp] pretrain_file = {pretrain}: pytorch-kaldi ignores this option (no code of it reads "
+                        "[exp] pretrain_file; its weights come from [architectureN] arch_pretrain_file, which we do not "
+                        "load either), and we will not silently skip a model you named: set it to none")
 
     for name in (s for s in sections if re.fullmatch(r"dataset\d+", s)):
         options = sections[name]
