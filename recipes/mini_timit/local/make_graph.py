@@ -93,17 +93,22 @@ def write_graph(graph: Path, lang: Path, hclg: kaldifst.StdVectorFst, disambig_t
     atomic_write_text(graph / "num_pdfs", f"{num_pdfs}\n")
 
 
+def write_phone_graph(root: Path, name: str = "graph", self_loop_scale: float = 0.1) -> None:
+    """``exp/mono/<name>`` of the phone task at ``self_loop_scale`` (stage 7 makes the chain graph)."""
+    lang = root / "data" / "lang"
+    _, tree, tm = build_model(lang)
+    hclg, disambig_tid = make_hclg(lang, tree, tm, self_loop_scale=self_loop_scale)
+    write_graph(root / "exp" / "mono" / name, lang, hclg, disambig_tid, tm.num_pdfs)
+    print(f"{name}: HCLG {hclg.num_states} states (self-loop scale {self_loop_scale}); {tm.num_pdfs} pdfs, "
+          f"{tm.num_transition_ids} transition-ids")
+
+
 def main() -> None:
     args = stage_args(5, __doc__.splitlines()[0])
     root = args.root.resolve()
     with run_stage(root, 5, args.size, args.seed, inputs=(3, 4)) as run:
-        if not run:
-            return
-        lang = root / "data" / "lang"
-        _, tree, tm = build_model(lang)
-        hclg, disambig_tid = make_hclg(lang, tree, tm)
-        write_graph(root / "exp" / "mono" / "graph", lang, hclg, disambig_tid, tm.num_pdfs)
-        print(f"HCLG: {hclg.num_states} states; {tm.num_pdfs} pdfs, {tm.num_transition_ids} transition-ids")
+        if run:
+            write_phone_graph(root)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,7 @@ Runs in its own process: kaldi_hmm_gmm is imported before kaldifst (see ``make_g
 from __future__ import annotations
 
 from recipes.mini_timit.local.layout import run_stage, stage_args
-from recipes.mini_timit.local.make_graph import make_hclg, write_graph  # imports kaldi_hmm_gmm, then kaldifst
-from recipes.mini_timit.local.make_mono import build_model
+from recipes.mini_timit.local.make_graph import write_phone_graph  # imports kaldi_hmm_gmm, then kaldifst
 
 CHAIN_SELF_LOOP_SCALE = 1.0  # mkgraph.sh --self-loop-scale 1.0, as Kaldi's chain recipes
 
@@ -22,13 +21,8 @@ def main() -> None:
     args = stage_args(7, __doc__.splitlines()[0])
     root = args.root.resolve()
     with run_stage(root, 7, args.size, args.seed, inputs=(3, 4)) as run:
-        if not run:
-            return
-        lang = root / "data" / "lang"
-        _, tree, tm = build_model(lang)
-        hclg, disambig_tid = make_hclg(lang, tree, tm, self_loop_scale=CHAIN_SELF_LOOP_SCALE)
-        write_graph(root / "exp" / "mono" / "graph_chain", lang, hclg, disambig_tid, tm.num_pdfs)
-        print(f"HCLG (self-loop scale {CHAIN_SELF_LOOP_SCALE}): {hclg.num_states} states")
+        if run:
+            write_phone_graph(root, "graph_chain", CHAIN_SELF_LOOP_SCALE)
 
 
 if __name__ == "__main__":

@@ -18,20 +18,24 @@ from recipes.mini_timit.local.make_graph import make_hclg, write_graph  # import
 from recipes.mini_timit.local.make_mono_words import build_shared_model
 
 
+def write_word_graphs(root, name: str = "graph", self_loop_scale: float = 0.1) -> None:
+    """``exp/mono_words/<name>_<lm>`` for each LM, at ``self_loop_scale`` (stage 7 makes the chain graphs)."""
+    _, tree, tm = build_shared_model(root / "data" / "lang_words")
+    for lm in LMS:
+        start = time.time()
+        lang = root / "data" / f"lang_words_test_{lm}"
+        hclg, disambig_tid = make_hclg(lang, tree, tm, self_loop_scale=self_loop_scale)
+        write_graph(root / "exp" / "mono_words" / f"{name}_{lm}", lang, hclg, disambig_tid, tm.num_pdfs)
+        print(f"{name}_{lm}: HCLG {hclg.num_states} states; {tm.num_pdfs} pdfs, {tm.num_transition_ids} "
+              f"transition-ids ({time.time() - start:.1f} s)")
+
+
 def main() -> None:
     args = stage_args(5, __doc__.splitlines()[0], task="words")
     root = args.root.resolve()
     with run_stage(root, 5, args.size, args.seed, inputs=(3, 4), task="words") as run:
-        if not run:
-            return
-        _, tree, tm = build_shared_model(root / "data" / "lang_words")
-        for lm in LMS:
-            start = time.time()
-            lang = root / "data" / f"lang_words_test_{lm}"
-            hclg, disambig_tid = make_hclg(lang, tree, tm)
-            write_graph(root / "exp" / "mono_words" / f"graph_{lm}", lang, hclg, disambig_tid, tm.num_pdfs)
-            print(f"graph_{lm}: HCLG {hclg.num_states} states; {tm.num_pdfs} pdfs, {tm.num_transition_ids} "
-                  f"transition-ids ({time.time() - start:.1f} s)")
+        if run:
+            write_word_graphs(root)
 
 
 if __name__ == "__main__":
