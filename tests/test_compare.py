@@ -337,6 +337,21 @@ def test_runs_on_clones_in_other_folders_are_seeds_of_one_system(tmp_path):
     assert sorted(s.seeds for s in systems) == [[1, 2], [3]]
 
 
+def test_options_at_their_defaults_do_not_split_a_system(tmp_path):
+    """A run written before an option existed and one that lists it at its default (also per layer:
+    ``default,default``) are seeds of one system; the option at another value is another system."""
+    lines = {1: "", 2: "objective = ce\nlfmmi_den_fst = \n", 3: "objective = lfmmi\n"}
+    for seed, extra in lines.items():
+        folder = tmp_path / f"seed{seed}"
+        fake_run(folder, "MINI_A", "ligru", seed, [1] * 30, 30, 30)
+        resolved = folder / "config.resolved.cfg"
+        resolved.write_text(resolved.read_text().replace("[model]\n", "[model]\n" + extra))
+    arch = tmp_path / "seed2" / "config.resolved.cfg"
+    arch.write_text(arch.read_text().replace("unit = ligru\n", "unit = ligru\nactivation = default,default\n"))
+    systems = group(find_runs([str(tmp_path)]))
+    assert sorted(s.seeds for s in systems) == [[1, 2], [3]]
+
+
 # --------------------------------------------------------------------------- a sweep, killed and resumed
 @pytest.mark.slow
 def test_a_sweep_on_the_tiny_corpus_is_killed_and_resumes(tiny_corpus, tmp_path):

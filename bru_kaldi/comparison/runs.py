@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from bru_kaldi.config import RESOLVED_FROM
+from bru_kaldi.config import LEGACY_DEFAULTS, RESOLVED_FROM, option_default
 
 # Options that differ between the seeds of one system (or only say where it ran).
 PER_RUN = {("exp", "seed"), ("exp", "out_folder"), ("exp", "device"), ("exp", "builtin_corpus_dir")}
@@ -73,6 +73,19 @@ class Run:
         return counts
 
 
+def _is_default(section: str, option: str, value: str) -> bool:
+    """Whether ``value`` is what the schema means when the option is left out: its default, or a per-layer
+    list of nothing but the default (``default,default``). Such options leave a system's key alone, so
+    that runs written before an option existed (or before it was written per layer) stay seeds of the
+    same system as runs written after. An option whose default changed (``LEGACY_DEFAULTS``) always counts:
+    a run that does not list it meant its old default."""
+    if (re.sub(r"\d+$", "", section), option) in LEGACY_DEFAULTS:
+        return False
+    default = option_default(section, option)
+    return default is not None and (value == default or
+                                    (default != "" and all(v.strip() == default for v in value.split(","))))
+
+
 def read_run(folder) -> Run:
     """Read one experiment folder (see the module docstring); raises if it holds no resolved config."""
     folder = Path(folder)
@@ -88,7 +101,8 @@ def read_run(folder) -> Run:
     # runs on clones in other folders are seeds of one system.
     corpus = parser.get("exp", "builtin_corpus_dir", fallback="")
     options = {(f"[{s}] {o}", v.replace(corpus, "$builtin_corpus_dir") if corpus else v)
-               for s in parser.sections() for o, v in parser.items(s) if (s, o) not in PER_RUN}
+               for s in parser.sections() for o, v in parser.items(s)
+               if (s, o) not in PER_RUN and not _is_default(s, o, v)}
     shared = [f"{name} = {value}" for name, value in sorted(options)]
     source = first[len(RESOLVED_FROM):] if first.startswith(RESOLVED_FROM) else re.sub(r"_?seed\d+$", "", folder.name)
     stack = [v.strip() for v in parser.get("model", "stack", fallback="").split(",") if v.strip()]
