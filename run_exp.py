@@ -55,7 +55,8 @@ from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
 from bru_kaldi.machine import run_line
 from bru_kaldi.torch_state import run_settings
-from bru_kaldi.network import build_model, check_architectures, has_unused_parameters, trained_architectures
+from bru_kaldi.network import (build_model, check_architectures, has_unused_parameters, set_epoch_dropout,
+                               trained_architectures)
 from bru_kaldi.learning_rate import epoch_rates, step_rate
 from bru_kaldi.checkpoints import CheckpointError, Progress, load_checkpoint, save_checkpoint, save_tensors
 from bru_kaldi.training import (Diverged, autocast, batch_loss, chance_frame_error, epochs_since_best, evaluate,
@@ -102,9 +103,13 @@ class Training:
 
 def train(config: Config, exp: Experiment, device: torch.device, dist: Distributed) -> None:
     """Train on ``train_with`` chunk by chunk, validate on ``valid_with`` each epoch; resumes from ``checkpoint.pt``."""
+    # Every rank decides before any can write one: a rank that looked after rank 0 had written the initial
+    # checkpoint would skip its barrier and wait in the first step's all-reduce for ever.
+    fresh = not exp.checkpoint.is_file()
+    dist.barrier()
     run = load_training_data(config, exp, device, dist)
     build_network(run)
-    if not exp.checkpoint.is_file():
+    if fresh:
         run.checkpoint()  # the initial weights: what a blow-up in the first chunk rolls back to
     while run.progress.epoch < config.exp.n_epochs_tr and not stopped_early(run.progress.dev_errors, config.exp.patience):
         try:
@@ -162,7 +167,8 @@ def load_training_data(config: Config, exp: Experiment, device: torch.device, di
         write_atomically(exp.model, lambda tmp: shutil.copyfile(Path(lab_folder) / "final.mdl", tmp))
         if not derived:
             exp.record_derived(inputs)  # last: a run killed before this recomputes them all
-    chance = chance_frame_error(counts) if counts is not None else None
+    # a model without a senone output reports pytorch-kaldi's cost_err of its mse output, no chance level of senones
+    chance = chance_frame_error(counts) if counts is not None and config.model.senone_output else None
     chain = None
     if config.model.objective == "lfmmi":  # the denominator: a phone LM of the training alignments, with the HMMs
         m = config.model
@@ -221,6 +227,8 @@ def train_epoch(run: Training, epoch: int) -> None:
     config, progress, dist = run.config, run.progress, run.dist
     lrs = epoch_rates(run.archs, epoch, config.exp.n_epochs_tr, progress.dev_errors, progress.rollbacks)
     run.train_set.options = loader_options(config, "train", epoch)  # this epoch's batch size and length limit
+    for name, rates in set_epoch_dropout(run.model, config, epoch).items():  # and its dropout rates (a schedule's)
+        log.info("epoch %d: %s dropout rates %s", epoch + 1, name, ",".join(f"{r:g}" for r in rates))
     plan = run.train_set.chunk_keys(epoch)
     frames_of = dict(zip(run.train_set.keys, run.train_set.lengths.tolist()))
     remaining = sum(frames_of[key] for keys in plan[progress.chunk:] for key in keys)
@@ -327,6 +335,7 @@ def load_trained(config: Config, model_dir: Path, device: torch.device) -> Acous
         model.load_state_dict(saved["model"])
     except RuntimeError as error:
         raise ConfigError(f"{config.source}: the architectures do not match the model in {path}: {error}") from None
+    set_epoch_dropout(model, config, config.exp.n_epochs_tr - 1)  # the rates it ended training with
     return model.to(device).eval()
 
 
@@ -358,8 +367,11 @@ def forward(config: Config, exp: Experiment, model_dir: Path, device: torch.devi
             for batch in tqdm(corpus.batches(), desc=f"forward {name}", unit="batch", disable=None, leave=False):
                 batch = batch.to(device)
                 with autocast(config, device):
-                    logits = model(batch.x, batch.lengths)["senone"]
-                scores = logits.float() if chain else F.log_softmax(logits.float(), dim=-1)
+                    out = model(batch.x, batch.lengths)
+                if config.model.features_arch:  # an architecture's output as it is (an autoencoder's code)
+                    scores = out["features"].float()
+                else:
+                    scores = out["senone"].float() if chain else F.log_softmax(out["senone"].float(), dim=-1)
                 writer.write_batch(batch.keys, scores.cpu(), batch.lengths.cpu())
         exp.mark(f"forward_{name}")
         log.info("forward %s: %d utterances in %.1f s -> %s", name, len(corpus), time.time() - started, out_dir / "loglikes.scp")

@@ -59,7 +59,7 @@ from bru_kaldi.atomic import write_text_atomically
 from bru_kaldi.builtin_corpus import SIZES as BUILTIN_SIZES
 from bru_kaldi.builtin_corpus import TASKS as BUILTIN_TASKS
 from bru_kaldi.feature_transforms import parse_fea_opts
-from bru_kaldi.schedules import expand_schedule
+from bru_kaldi.schedules import dropout_schedule, expand_schedule
 from bru_kaldi.scoring import SCORINGS
 
 
@@ -179,7 +179,7 @@ class Architecture:
     """``[architectureN]``: one block of recurrent layers (unit, sizes, directions, norm, dropout) and its optimiser."""
 
     arch_name: str = ""
-    unit: str = "libru"  # a name of models.UNITS, checked where the model is built (bru_kaldi.network)
+    unit: str = "libru"  # a name of models.UNITS or models.CONV_UNITS, checked where the model is built (bru_kaldi.network)
     # what it reads, concatenated per frame in this order: streams of [model] inputs and architectures before it
     # in [model] stack (pytorch-kaldi's concatenate of outputs); empty: the architecture before it in the stack,
     # the first every [model] inputs stream. On senone_arch out of the stack: what the output layers read.
@@ -187,6 +187,10 @@ class Architecture:
     sizes: list[int] = field(default_factory=list)  # one per layer
     # one value for every layer, or one per layer (models.per_layer expands them when the model is built)
     dropout: list[float] = field(default_factory=lambda: [0.0])
+    # per-epoch rates, one compact schedule per layer (or one for every layer) joined by commas, each in
+    # pytorch-kaldi's form "0.15*12|0.2*12" or a plain rate: the rates of epoch e replace dropout at its start
+    # (bru_kaldi.schedules.scheduled_dropout); the last epoch's hold for forward; empty: dropout every epoch
+    dropout_schedule: str = ""
     norm: list[str] = field(default_factory=lambda: ["none"])  # none, batch or layer
     # a norm of the architecture's input features before its first layer (pytorch-kaldi's *_use_batchnorm_inp,
     # *_use_laynorm_inp): batch (statistics over real frames, norm_momentum), layer (pytorch-kaldi's formula,
@@ -203,6 +207,31 @@ class Architecture:
     rho0: Optional[float] = None  # ubru: initial values of its probabilities (default 0.5, 0.9, 0.1)
     tau11: Optional[float] = None
     tau01: Optional[float] = None
+    # sru (models.sru; none: its defaults): the highway input x' (learned, or auto: the input itself where it has
+    # the output width, as the sru package), the reset gate's initial bias, the highway on/off, the rescaling of
+    # x', the rank of the input products (0: full), and the inverted dropout on g(c_t), one per layer or one for
+    # every layer (empty: none)
+    highway: Optional[str] = None
+    highway_bias: Optional[float] = None
+    skip: Optional[bool] = None
+    rescale: Optional[bool] = None
+    projection_size: Optional[int] = None
+    state_dropout: list[float] = field(default_factory=list)
+    # fusionrnn (models.fusion): its first layer's input is `mics` microphones of equal width, fused with shared
+    # weights, the fusion activation (linear, prelu, relu, leaky_relu, tanh) and reduction (sum, mean) over them;
+    # the later layers fuse nothing (none: mics 1, linear, sum)
+    mics: Optional[int] = None
+    fusion_act: Optional[str] = None
+    fusion_reduce: Optional[str] = None
+    # cnn, sincnet (models.conv, frame-wise convolutions; sizes = filters per layer): per layer (or one for
+    # every layer) the convolution's kernel length and the max-pooling width (1: none)
+    kernel_sizes: list[int] = field(default_factory=list)
+    pool_sizes: list[int] = field(default_factory=list)  # empty: 1
+    # sincnet: the waveform's sampling rate and the least low cut-off and band width of its sinc filters, in Hz
+    # (none: 16000, 50, 50)
+    sample_rate: Optional[int] = None
+    min_low_hz: Optional[float] = None
+    min_band_hz: Optional[float] = None
     arch_lr: float = 0.0008
     # per-epoch rates in pytorch-kaldi's compact form, "0.0004*10|0.0002*5": replaces arch_lr and turns
     # off the halving on dev plateaus (as pytorch-kaldi); empty: arch_lr with halving
@@ -254,6 +283,13 @@ class Model:
     mse_arch: str = ""
     mse_target: str = ""
     mse_weight: float = 1.0
+    # False: no senone output layer; the model is trained by its mse term alone (pytorch-kaldi's autoencoder,
+    # loss_final = mse(dec_out, fea)) and senone_lab only gives the frame error reported, pytorch-kaldi's
+    # cost_err of the mse output (the argmax of its values against the labels)
+    senone_output: bool = True
+    # forward writes the output of this architecture of the stack as it is (pytorch-kaldi's forward_out of an
+    # architecture that is no softmax: an autoencoder's code), not log-likelihoods; empty: log-likelihoods
+    features_arch: str = ""
     # the training objective of the senone output: ce, or lfmmi (lattice-free MMI, bru_kaldi.chain), whose
     # options follow, with Kaldi's chain defaults: the leaky HMM's coefficient, the weight of the
     # cross-entropy of a separate output head (xent_regularize), L2 on the chain output, the phone LM's order
@@ -645,8 +681,21 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
             add(f"{where} input_norm = {a.input_norm}: an architecture without layers (an output layer alone) has no "
                 f"input to normalise; expected none")
         _check_schedule(a.arch_lr_schedule, float, config.exp.n_epochs_tr, f"{where} arch_lr_schedule", add)
+        if a.dropout_schedule:
+            try:
+                dropout_schedule(a.dropout_schedule, max(len(a.sizes), 1), config.exp.n_epochs_tr)
+            except ValueError as error:
+                add(f"{where} dropout_schedule: {error}")
         if not 0 < a.norm_momentum <= 1:
             add(f"{where} norm_momentum: expected a fraction in (0, 1], got {a.norm_momentum}")
+        for option in ("kernel_sizes", "pool_sizes"):
+            if any(v < 1 for v in getattr(a, option)):
+                add(f"{where} {option}: expected positive widths, got {getattr(a, option)}")
+        if a.sample_rate is not None and a.sample_rate < 1:
+            add(f"{where} sample_rate: expected a rate in Hz > 0, got {a.sample_rate}")
+        for option in ("min_low_hz", "min_band_hz"):
+            if getattr(a, option) is not None and not getattr(a, option) >= 0:
+                add(f"{where} {option}: expected a frequency in Hz >= 0, got {getattr(a, option)}")
         if not a.arch_lr > 0:
             add(f"{where} arch_lr: expected a positive learning rate, got {a.arch_lr}")
         if a.arch_warmup_steps < 0:
@@ -671,6 +720,7 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
         if getattr(config.model, option) < 0:
             add(f"{src} [model] {option}: expected a number of classes (0: the labels'), got {getattr(config.model, option)}")
     _check_mse(config.model, fea_names, src, add)
+    _check_features(config, src, add)
     _check_lfmmi(config.model, src, add)
     if config.forward.normalize_posteriors and config.forward.normalize_with_counts_from != config.model.senone_lab:
         add(f"{src} [forward] normalize_with_counts_from: the priors divide the senone posteriors, so it must "
@@ -727,6 +777,27 @@ def _check_mse(model: Model, fea_names: set, src: str, add) -> None:
         add(str(_unknown("feature stream for mse_target", model.mse_target, fea_names, f"{src} [model]")))
     if not model.mse_weight >= 0:
         add(f"{src} [model] mse_weight: expected a weight >= 0, got {model.mse_weight}")
+
+
+def _check_features(config, src: str, add) -> None:
+    """``[model] senone_output = False`` and ``features_arch``: what a model without a senone output needs (an mse
+    term to train it, nothing that reads senones), and what writing an architecture's output excludes."""
+    model, forward = config.model, config.forward
+    if not model.senone_output:
+        if not model.mse_arch:
+            add(f"{src} [model] senone_output = False: the model needs an mse term to train (mse_arch, mse_target)")
+        if model.mono_lab != "none" or model.objective != "ce" or model.senone_arch:
+            add(f"{src} [model] senone_output = False: expected no mono_lab, senone_arch and objective = ce (got "
+                f"{model.mono_lab!r}, {model.senone_arch!r}, {model.objective!r})")
+        if not model.features_arch:
+            add(f"{src} [model] senone_output = False: forward needs features_arch, the architecture whose output it writes")
+    if model.features_arch:
+        if model.features_arch not in model.stack:
+            add(str(_unknown("architecture for features_arch (one of the stack)", model.features_arch, model.stack,
+                             f"{src} [model]")))
+        if forward.normalize_posteriors or forward.require_decoding:
+            add(f"{src} [model] features_arch = {model.features_arch}: forward writes that architecture's output, not "
+                f"log-likelihoods: set [forward] normalize_posteriors = False and require_decoding = False")
 
 
 def _check_lfmmi(model: Model, src: str, add) -> None:

@@ -39,8 +39,16 @@ import torch
 import models
 from bru_kaldi.config import Architecture, Config, ConfigError, raise_problems
 from bru_kaldi.kaldi.alignments import label_kind
+from bru_kaldi.schedules import scheduled_dropout
 from models.acoustic import AcousticModel
 from models.norm import MaskedBatchNorm
+
+
+# fusionrnn's microphones are the architecture's input: only its first layer fuses them (the later layers keep
+# the unit's defaults, no fusion), as pytorch-kaldi's fusionRNN_jit
+FIRST_LAYER_OPTIONS = ("mics", "fusion_act", "fusion_reduce")
+# sru's options (models.sru), passed as they are
+SRU_OPTIONS = ("highway", "highway_bias", "skip", "rescale", "projection_size", "state_dropout")
 
 
 def unit_options(arch: Architecture, layer: int = 0) -> dict:
@@ -51,6 +59,10 @@ def unit_options(arch: Architecture, layer: int = 0) -> dict:
     does not take is an error naming the units that do.
     """
     accepted = models.cell_options(arch.unit)
+    for name in CONV_OPTIONS:
+        if getattr(arch, name) not in (None, []):
+            raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no {name} option (units that do: "
+                              f"{'sincnet' if name in CONV_OPTIONS[2:] else ', '.join(models.CONV_UNITS)})")
     options = {}
     if "backward" in accepted:
         options["backward"] = None if arch.backward == "none" else arch.backward
@@ -64,15 +76,18 @@ def unit_options(arch: Architecture, layer: int = 0) -> dict:
         if "activation" not in accepted:
             raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no activation option")
         options["activation"] = activation
-    for name in ("input_gate", "rho0", "tau11", "tau01"):
+    for name in ("input_gate", "rho0", "tau11", "tau01") + FIRST_LAYER_OPTIONS + SRU_OPTIONS:
         value = getattr(arch, name)
+        if name == "state_dropout":  # one per layer or one for all; empty: the unit's default
+            value = models.per_layer(name, value, len(arch.sizes))[layer] if value else None
         if value is None:
             continue
         if name not in accepted:
             takes = sorted(u for u in models.UNITS if name in models.cell_options(u))
             raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no {name} option "
                               f"(units that do: {', '.join(takes)})")
-        options[name] = value
+        if layer == 0 or name not in FIRST_LAYER_OPTIONS:
+            options[name] = value
     return options
 
 
@@ -97,7 +112,8 @@ def check_architectures(config: Config) -> None:
             arch.bidirectional = models.per_layer("bidirectional", arch.bidirectional, n)
             arch.activation = models.per_layer("activation", arch.activation, n)
             with torch.random.fork_rng(devices=[]):  # the check must not move the seeded initial weights
-                _build_stack(arch, 1, [1] * n)
+                _build_stack(arch, _conv_check_size(arch, n) if arch.unit in models.CONV_UNITS
+                             else arch.mics or 1, [1] * n)  # fusionrnn: an input of `mics` microphones
         except ValueError as error:  # ConfigError from unit_options too
             problems.append(f"{where}: {error}")
     if len(set(config.model.stack)) != len(config.model.stack):
@@ -106,12 +122,57 @@ def check_architectures(config: Config) -> None:
 
 
 # Units whose cells take pytorch-kaldi's dropout place (models.gated.InnerDropout, and the mlp's output).
-INNER_DROPOUT_UNITS = ("lstm", "gru", "ligru", "rnn", "mlp")
+INNER_DROPOUT_UNITS = ("lstm", "gru", "ligru", "rnn", "mlp", "qlstm", "fusionrnn")
+
+
+# The options of the frame-wise convolutional units (models.conv), the last three sincnet's only.
+CONV_OPTIONS = ("kernel_sizes", "pool_sizes", "sample_rate", "min_low_hz", "min_band_hz")
+
+
+def _conv_check_size(arch: Architecture, n: int) -> int:
+    """An input width every layer of ``arch`` (a conv unit, ``n`` layers) can read, for the check before any data
+    is read: from 2 values at the last layer's output (what a layer norm needs), back through each layer."""
+    kernels = models.per_layer("kernel_sizes", arch.kernel_sizes or [1], n)
+    pools = models.per_layer("pool_sizes", arch.pool_sizes or [1], n)
+    width = 2
+    for kernel, pool in zip(reversed(kernels), reversed(pools)):
+        width = width * max(pool, 1) + max(kernel, 1)  # one more than needed: an even sinc kernel grows by one
+    return width
+
+
+def _build_conv_stack(arch: Architecture, input_size: int, sizes):
+    """``arch``'s ``cnn`` / ``sincnet`` stack (:func:`models.build_conv_stack`): ``dropout_at = inside`` is
+    pytorch-kaldi's place, each layer's output after its activation; ``input`` each layer's input."""
+    where = f"architecture {arch.arch_name} (unit {arch.unit})"
+    if not arch.kernel_sizes:
+        raise ConfigError(f"{where}: kernel_sizes is required (the convolution's width, per layer or one for all)")
+    if any(arch.bidirectional):
+        raise ConfigError(f"{where}: bidirectional = True: a frame-wise convolution has no direction")
+    for name in ("backward", "input_gate", "rho0", "tau11", "tau01"):
+        if getattr(arch, name) not in (None, "none"):
+            raise ConfigError(f"{where} takes no {name} option")
+    sinc = {name: getattr(arch, name) for name in CONV_OPTIONS[2:] if getattr(arch, name) is not None}
+    if sinc and arch.unit != "sincnet":
+        raise ConfigError(f"{where} takes no {', '.join(sinc)} option (units that do: sincnet)")
+    try:
+        stack = models.build_conv_stack(
+            arch.unit, input_size, sizes, kernel_sizes=arch.kernel_sizes, pool_sizes=arch.pool_sizes or 1,
+            dropout=arch.dropout, norm=arch.norm, activation=["relu" if a == "default" else a for a in arch.activation],
+            dropout_at="output" if arch.dropout_at == "inside" else "input",
+            input_norm=None if arch.input_norm == "none" else arch.input_norm, **sinc)
+    except ValueError as error:
+        raise ConfigError(f"{where} reading {input_size} values per frame: {error}") from None
+    for module in stack.modules():
+        if isinstance(module, MaskedBatchNorm):
+            module.momentum = arch.norm_momentum
+    return stack
 
 
 def _build_stack(arch: Architecture, input_size: int, sizes):
     """``arch``'s layers: its unit and options, its dropout where ``dropout_at`` puts it, its input norm, its
     batch-norm momentum (the input norm's too)."""
+    if arch.unit in models.CONV_UNITS:
+        return _build_conv_stack(arch, input_size, sizes)
     inside = arch.dropout_at == "inside"
     if inside and arch.unit not in INNER_DROPOUT_UNITS and any(arch.dropout):
         raise ConfigError(f"dropout_at = inside: unit {arch.unit} has no candidate state to drop "
@@ -127,6 +188,41 @@ def _build_stack(arch: Architecture, input_size: int, sizes):
         if isinstance(module, MaskedBatchNorm):
             module.momentum = arch.norm_momentum
     return stack
+
+
+def set_epoch_dropout(model: AcousticModel, config: Config, epoch: int) -> dict[str, list[float]]:
+    """Give each stack of ``model`` whose architecture has a ``dropout_schedule`` the rates of ``epoch`` (from 0),
+    where its ``dropout_at`` puts them; called at the start of every epoch (a resumed one too: the rates are a
+    function of the epoch alone) and, with the last epoch, before forward, as pytorch-kaldi forwards with the
+    last epoch's config (it matters where dropout is not inverted: ``inside`` a gated cell scales by ``1 - p``).
+    Returns the rates set, per layer, by architecture.
+
+    >>> from bru_kaldi.config import parse_config_text
+    >>> cfg = parse_config_text("\\n".join([
+    ...     "[exp]", "out_folder = exp/demo", "n_epochs_tr = 3", "[dataset1]", "data_name = train",
+    ...     "fea = fea_name=fbank", "    fea_lst=data/train/feats.scp", "[data_use]", "train_with = train",
+    ...     "valid_with = train", "[architecture1]", "arch_name = mlp", "unit = mlp", "sizes = 8,8",
+    ...     "dropout_at = inside", "dropout_schedule = 0.1*1|0.2*2,0.3", "[model]", "stack = mlp"]))
+    >>> model, _ = build_model(cfg, input_dim=5, num_pdfs=4, num_mono=None)
+    >>> set_epoch_dropout(model, cfg, 2)
+    {'mlp': [0.2, 0.3]}
+    >>> [layer.cells[0].inner_dropout for layer in model.stacks[0].layers]
+    [0.2, 0.3]
+    """
+    done = {}
+    for name, stack in zip(config.model.stack, model.stacks):
+        arch = config.architecture(name)
+        rates = scheduled_dropout(arch, epoch, config.exp.n_epochs_tr)
+        if rates is None:
+            continue
+        done[name] = rates
+        for layer, rate in zip(stack.layers, rates):
+            if arch.dropout_at == "inside" and hasattr(layer, "cells"):  # a conv layer's dropout is its own attribute
+                for cell in getattr(layer, "cells", ()):
+                    cell.inner_dropout = float(rate)
+            else:
+                layer.dropout = float(rate)
+    return done
 
 
 def trained_architectures(config: Config) -> list[Architecture]:
@@ -169,8 +265,10 @@ def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optiona
         raise ConfigError(f"{config.source} [model] mse_arch = {config.model.mse_arch}: its output has "
                           f"{stacks[mse_stack].output_size} values per frame, the feature stream mse_target = "
                           f"{config.model.mse_target} it is compared with has {mse_dim}; expected equal sizes")
-    model = AcousticModel(stacks, num_pdfs, num_mono, mse_stack, xent_head=config.model.objective == "lfmmi",
-                          sources=sources, input_size=input_dim if sources is not None else None)
+    features = config.model.stack.index(config.model.features_arch) if config.model.features_arch else None
+    model = AcousticModel(stacks, num_pdfs if config.model.senone_output else 0, num_mono, mse_stack,
+                          xent_head=config.model.objective == "lfmmi", sources=sources,
+                          input_size=input_dim if sources is not None else None, feature_stack=features)
     names = [a.arch_name for a in trained_architectures(config)]
     groups = [list(stack.parameters()) for stack in model.stacks] + [[] for _ in names[len(stacks):]]
     last = config.model.stack[-1]

@@ -69,6 +69,41 @@ def epoch_values(config, epoch: int) -> dict:
     return {"batch_size": sizes[epoch], "max_seq_length": caps[epoch]}
 
 
+def dropout_schedule(text: str, layers: int, epochs: int) -> list[list[float]]:
+    """``[architectureN] dropout_schedule`` as the rates of each layer for each epoch: ``rates[epoch][layer]``.
+
+    ``text`` holds one compact schedule per layer, joined by commas (pytorch-kaldi's ``dnn_drop =
+    0.15*12|0.2*12,0.15``), or one for every layer. Raises ValueError naming the layer whose schedule is not
+    one, whose counts do not add up to ``epochs``, or whose rate is outside [0, 1).
+
+    >>> dropout_schedule("0.1*1|0.2*2,0.3", 2, 3)
+    [[0.1, 0.3], [0.2, 0.3], [0.2, 0.3]]
+    """
+    items = [item.replace(" ", "") for item in str(text).split(",")]
+    if len(items) == 1:
+        items = items * layers
+    if len(items) != layers:
+        raise ValueError(f"{text!r}: expected one schedule for every layer or one per layer ({layers}), got {len(items)}")
+    per_layer = []
+    for layer, item in enumerate(items, 1):
+        try:
+            rates = expand_schedule(item, float, epochs)
+        except ValueError as error:
+            raise ValueError(f"layer {layer}: {error}") from None
+        if not all(0.0 <= rate < 1.0 for rate in rates):
+            raise ValueError(f"layer {layer}: {item!r} has a rate outside [0, 1)")
+        per_layer.append(rates)
+    return [list(epoch) for epoch in zip(*per_layer)]
+
+
+def scheduled_dropout(arch, epoch: int, epochs: int):
+    """``arch``'s dropout rate of each layer in ``epoch`` (from 0) from its ``dropout_schedule``, or None when it
+    has none (then ``dropout`` holds for every epoch)."""
+    if not arch.dropout_schedule:
+        return None
+    return dropout_schedule(arch.dropout_schedule, len(arch.sizes), epochs)[epoch]
+
+
 def scheduled_lr(arch, epoch: int, epochs: int):
     """``arch``'s rate for ``epoch`` from its ``arch_lr_schedule``, or None when it has none (then
     ``arch_lr`` with halving on dev plateaus applies)."""

@@ -108,10 +108,21 @@ def batch_loss(out: dict, labels: dict, model: Model, global_frames: int, world:
         chain: ``[model] objective = lfmmi``'s ``ChainSupervision`` (``bru_kaldi.chain``): the senone term, and
             the loss reported, are then the LF-MMI loss summed over frames (frame errors: the best pdf's).
 
+    Without a senone output (``"senone"`` not in ``out``: ``[model] senone_output = False``) the loss is the
+    mse term alone and the statistics are its sum and pytorch-kaldi's ``cost_err`` of the mse output: frames
+    whose argmax over its values is not the ``senone_lab`` label.
+
     Returns:
         ``(loss, (loss_sum, errors, frames))``: the loss to backpropagate and the senone output's
         summed loss, frame errors and frames on this share (what ``res.res`` reports).
     """
+    if "senone" not in out:  # [model] senone_output = False: loss_final = mse, err_final = cost_err(mse output)
+        if target is None:
+            raise ValueError("the model has an mse output ([model] mse_arch) but the batch no mse_target features")
+        real = labels[model.senone_lab] != IGNORE
+        total = model.mse_weight * frame_squared_error(out["mse"], target, real)
+        errors = int(((out["mse"].argmax(-1) != labels[model.senone_lab]) & real).sum())
+        return total / global_frames * world, (float(total.detach()), errors, int(real.sum()))
     senone_sum, errors, frames = frame_cross_entropy(out["senone"], labels[model.senone_lab])
     if chain is not None:
         xent = out["xent"].float() if "xent" in out else None

@@ -22,6 +22,9 @@ name           unit                                                             
 ``mlp``        frame-wise feed-forward layer                                               ``models.gated``
 ``cudnn_gru``  ``torch.nn.GRU`` (cuDNN / oneDNN), for speed comparisons                    ``models.vendor``
 ``cudnn_lstm`` ``torch.nn.LSTM`` (cuDNN / oneDNN), for speed comparisons                   ``models.vendor``
+``sru``        SRU (Lei et al. 2018), as the ``sru`` package 2.1 that pytorch-kaldi wraps  ``models.sru``
+``qlstm``      quaternion LSTM (Parcollet et al. 2019), Hamilton-product weights           ``models.quaternion``
+``fusionrnn``  FusionRNN Li-GRU, microphones fused with shared weights (Parcollet 2020)  ``models.fusion``
 =============  ==========================================================================  ===============
 
 The modules, bottom up: ``recurrent`` (the :class:`Cell` base classes, the layer, the stack: one
@@ -58,6 +61,11 @@ equals the reference loop). ``tests/test_unit_equations.py`` fails for a unit th
 reference: give it a float64 NumPy transcription of the paper's equations there (written from the
 paper, not from the cell). A fast path is optional and lives in ``models/fast/`` (its docstring).
 
+Frame-wise convolutional stacks (``CONV_UNITS``: ``cnn``, ``sincnet``, pytorch-kaldi's ``CNN`` and ``SincNet``)
+are not cells: each frame's input vector is one 1-D signal, convolved, pooled and flattened. They live in
+``models/conv.py`` and are built whole by :func:`build_conv_stack` (filters per layer, kernel and pooling
+widths per layer), not by ``build``; ``tests/test_conv_units.py`` checks them against a NumPy reference.
+
 >>> import torch, models
 >>> layer = models.build("libru", 40, 16, bidirectional=True, dropout=0.2, norm="batch")
 >>> layer(torch.randn(3, 7, 40), torch.tensor([7, 5, 2])).shape
@@ -74,9 +82,13 @@ from typing import Optional, Sequence, Union
 import torch
 
 from models.bru import BRUCell, LiBRUCell
+from models.conv import CONV_UNITS, ConvStack, build_conv_stack
+from models.fusion import FusionLiGRUCell
 from models.gated import GRUCell, LiGRUCell, LSTMCell, MGUCell, MLPCell, RNNCell
 from models.norm import INPUT_NORMS, NORMS
-from models.recurrent import Cell, RecurrentLayer, RecurrentStack
+from models.quaternion import QLSTMCell
+from models.recurrent import Cell, RecurrentLayer, RecurrentStack, per_layer
+from models.sru import SRUCell
 from models.tpami import LBRUCell, UBRUTpamiCell
 from models.ubru import UBRUCell
 from models.vendor import VendorRNN
@@ -116,6 +128,9 @@ _CELLS: dict[str, type[Cell]] = {
     "mgu": MGUCell,
     "rnn": RNNCell,
     "mlp": MLPCell,
+    "sru": SRUCell,
+    "qlstm": QLSTMCell,
+    "fusionrnn": FusionLiGRUCell,
 }
 _VENDOR = {"cudnn_gru": "gru", "cudnn_lstm": "lstm"}
 UNITS: tuple[str, ...] = tuple(_CELLS) + tuple(_VENDOR)
@@ -193,24 +208,9 @@ def build(
     if unit == "mlp" and bidirectional:
         raise ValueError("mlp is frame-wise and has no direction: bidirectional must be False")
     cell_factory = functools.partial(_CELLS[unit], hidden_size, **options)
-    layer_class = UBRULayer if unit == "ubru" else RecurrentLayer
+    # a cell whose projection is not a plain matrix (sru, qlstm) names its layer class
+    layer_class = UBRULayer if unit == "ubru" else getattr(_CELLS[unit], "layer_class", RecurrentLayer)
     return layer_class(cell_factory, input_size, hidden_size, bidirectional, dropout, norm)
-
-
-def per_layer(name: str, value, count: int) -> list:
-    """``value`` for each of ``count`` layers: one value (or a one-item list) for all of them, or a list
-    with one per layer. The one place where per-layer options are expanded, for ``build_stack`` and
-    for the configs (``bru_kaldi.network``).
-
-    >>> per_layer("dropout", 0.2, 3), per_layer("dropout", [0.2], 2), per_layer("norm", [None, "batch"], 2)
-    ([0.2, 0.2, 0.2], [0.2, 0.2], [None, 'batch'])
-    """
-    values = list(value) if isinstance(value, (list, tuple)) else [value]
-    if len(values) == 1:
-        values = values * count
-    if len(values) != count:
-        raise ValueError(f"{name}: expected 1 or {count} values (one per layer), got {len(values)}: {values}")
-    return values
 
 
 def build_stack(
@@ -254,5 +254,5 @@ def build_stack(
     return RecurrentStack(layers, input_norm)
 
 
-__all__ = ["UNITS", "BAYESIAN_UNITS", "build", "build_stack", "cell_options", "per_layer", "variants", "RecurrentLayer",
-           "RecurrentStack", "UBRULayer"]
+__all__ = ["UNITS", "BAYESIAN_UNITS", "CONV_UNITS", "build", "build_stack", "build_conv_stack", "cell_options", "per_layer",
+           "variants", "ConvStack", "RecurrentLayer", "RecurrentStack", "UBRULayer"]

@@ -19,6 +19,8 @@ class AcousticModel(nn.Module):
     ``"xent"``: the cross-entropy regularisation of LF-MMI training, whose own output (``"senone"``) is
     not a distribution over senones. ``mse_stack = k`` also returns the output of
     ``stacks[k]`` as ``"mse"``, what pytorch-kaldi's ``mse(out, fea)`` compares with a feature stream.
+    ``num_senones = 0`` leaves the senone output out (an autoencoder trained by its mse alone), and
+    ``feature_stack = k`` returns the output of ``stacks[k]`` as ``"features"`` (its code, what forward writes).
 
     By default each stack reads the one before (the first, ``x``) and the outputs read the last. ``sources``
     wires a graph instead (pytorch-kaldi's ``concatenate`` of streams and of architectures' outputs): one list
@@ -41,17 +43,26 @@ class AcousticModel(nn.Module):
     >>> net = AcousticModel([a, b, c], 20, sources=[[slice(0, 10)], [slice(10, 13)], [0, 1], [2]], input_size=13)
     >>> net(torch.randn(2, 7, 13), torch.tensor([7, 4]))["senone"].shape
     torch.Size([2, 7, 20])
+    >>> enc, dec = models.build_stack("mlp", 13, [4]), models.build_stack("mlp", 4, [13])  # an autoencoder
+    >>> out = AcousticModel([enc, dec], 0, mse_stack=1, feature_stack=0)(torch.randn(2, 7, 13), torch.tensor([7, 4]))
+    >>> sorted(out), out["features"].shape
+    (['features', 'mse'], torch.Size([2, 7, 4]))
     """
 
     def __init__(self, stacks: Sequence[RecurrentStack], num_senones: int, num_mono: Optional[int] = None,
                  mse_stack: Optional[int] = None, xent_head: bool = False,
-                 sources: Optional[Sequence[Sequence[Union[int, slice]]]] = None, input_size: Optional[int] = None):
+                 sources: Optional[Sequence[Sequence[Union[int, slice]]]] = None, input_size: Optional[int] = None,
+                 feature_stack: Optional[int] = None):
         super().__init__()
         if not stacks:
             raise ValueError("an acoustic model needs at least one stack of layers")
         if mse_stack is not None and not 0 <= mse_stack < len(stacks):
             raise ValueError(f"mse_stack must index one of the {len(stacks)} stacks, got {mse_stack}")
-        self.mse_stack = mse_stack
+        if feature_stack is not None and not 0 <= feature_stack < len(stacks):
+            raise ValueError(f"feature_stack must index one of the {len(stacks)} stacks, got {feature_stack}")
+        if not num_senones and (num_mono or xent_head or mse_stack is None):
+            raise ValueError("a model without a senone output (num_senones = 0) is trained by its mse output alone")
+        self.mse_stack, self.feature_stack = mse_stack, feature_stack
         if sources is None:
             for before, after in zip(stacks, stacks[1:]):
                 if before.output_size != after.input_size:
@@ -71,7 +82,7 @@ class AcousticModel(nn.Module):
             width = widths[-1]
         self.sources = None if sources is None else [list(items) for items in sources]
         self.stacks = nn.ModuleList(stacks)
-        self.senone = nn.Linear(width, num_senones)
+        self.senone = nn.Linear(width, num_senones) if num_senones else None
         self.mono = nn.Linear(width, num_mono) if num_mono else None
         self.xent = nn.Linear(width, num_senones) if xent_head else None
 
@@ -106,6 +117,10 @@ class AcousticModel(nn.Module):
                 outs.append(stack(self._gather(x, outs, self.sources[index]), lengths))
             if index == self.mse_stack:
                 out["mse"] = outs[-1]
+            if index == self.feature_stack:
+                out["features"] = outs[-1]
+        if self.senone is None:
+            return out
         x = outs[-1] if self.sources is None else self._gather(x, outs, self.sources[-1])
         # The heads' products in aligned rows on the CPU (models.fast.products): their input gradient is
         # as wide as the last layer, 1100 floats for 550 units both ways, the width that slows GEMM.

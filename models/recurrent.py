@@ -442,3 +442,19 @@ def log_sigmoid_pair(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rounds to 0 or 1, so neither log ever sees a 0.
     """
     return -F.softplus(-a), -F.softplus(a)
+
+
+def per_layer(name: str, value, count: int) -> list:
+    """``value`` for each of ``count`` layers: one value (or a one-item list) for all of them, or a list
+    with one per layer. The one place where per-layer options are expanded, for ``models.build_stack``,
+    ``models.build_conv_stack`` and for the configs (``bru_kaldi.network``).
+
+    >>> per_layer("dropout", 0.2, 3), per_layer("dropout", [0.2], 2), per_layer("norm", [None, "batch"], 2)
+    ([0.2, 0.2, 0.2], [0.2, 0.2], [None, 'batch'])
+    """
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(values) == 1:
+        values = values * count
+    if len(values) != count:
+        raise ValueError(f"{name}: expected 1 or {count} values (one per layer), got {len(values)}: {values}")
+    return values

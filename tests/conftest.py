@@ -31,6 +31,23 @@ def tiny_words(tmp_path_factory):
                          log=lambda line: None)
 
 
+@pytest.fixture(scope="session")
+def tiny_extra_streams(tiny_corpus, tmp_path_factory):
+    """A copy of ``tiny_corpus`` with its opt-in streams (``local/extra_streams.py --raw --mics 6``, ~5 s,
+    117 MB): ``data/<split>/feats_raw.scp`` and ``feats_mfcc_mic{1..6}.scp`` + ``cmvn_mfcc_mic{1..6}.scp``.
+    A ``Corpus``; read-only, as ``tiny_corpus`` (its wav.scp and feats.scp still point into that one)."""
+    import shutil
+
+    from recipes.mini_timit.corpus import Corpus
+    from recipes.mini_timit.local import extra_streams
+
+    root = tmp_path_factory.mktemp("mini_timit_extra")
+    for part in ("data", "exp"):
+        shutil.copytree(tiny_corpus.root / part, root / part)
+    extra_streams.main(["--raw", "--mics", "6", str(root)])
+    return Corpus(root)
+
+
 # Variables that are not a test's doing: pytest's own, and those torch sets once per process, whichever
 # test comes first: on the first import of its compiler (which its optimisers import), and on a GPU
 # when CUDA starts.

@@ -34,13 +34,13 @@ def environment(corpus, exp_dir) -> dict:
                 OMP_NUM_THREADS="1")
 
 
-def run(corpus, exp_dir, *arguments, config=CFG, expect=0, launcher=()) -> subprocess.CompletedProcess:
+def run(corpus, exp_dir, *arguments, config=CFG, expect=0, launcher=(), timeout=300) -> subprocess.CompletedProcess:
     command = [*launcher] if launcher else [sys.executable]
     # its own process group, so that a run that hangs is killed with every worker torchrun started
     process = subprocess.Popen([*command, "run_exp.py", str(config), *arguments], cwd=ROOT, env=environment(corpus, exp_dir),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        stdout, stderr = process.communicate(timeout=300)
+        stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
@@ -103,8 +103,9 @@ def test_end_to_end_train_forward_decode_score(tiny_corpus, tmp_path):
     assert kaldiio.load_scp(str(tmp_path / "forward_only" / "forward_test" / "loglikes.scp")).keys() == loglikes.keys()
 
 
-def test_sigkill_mid_training_then_resume_gives_identical_weights(tiny_corpus, tmp_path):
-    options = (NO_DECODE, "--exp,n_epochs_tr=4")
+@pytest.mark.parametrize("objective", ["ce", "lfmmi"])
+def test_sigkill_mid_training_then_resume_gives_identical_weights(objective, tiny_corpus, tmp_path):
+    options = (NO_DECODE, "--exp,n_epochs_tr=4", f"--model,objective={objective}")
     run(tiny_corpus, tmp_path / "uninterrupted", *options)
 
     killed = tmp_path / "killed"
@@ -135,13 +136,15 @@ def test_sigkill_mid_training_then_resume_gives_identical_weights(tiny_corpus, t
     assert epoch_values(killed) == epoch_values(tmp_path / "uninterrupted")
 
 
-def test_distributed_two_processes_match_one(tiny_corpus, tmp_path):
-    """torchrun, gloo, 2 processes on the CPU against one process on the same global batches.
+@pytest.mark.parametrize("objective", ["ce", "lfmmi"])
+def test_distributed_two_processes_match_one(objective, tiny_corpus, tmp_path):
+    """torchrun, gloo, 2 processes on the CPU against one process on the same global batches, with either
+    objective (LF-MMI: each process's utterances through the denominator, the sums reduced as for CE).
 
     Without dropout and batch norm the two compute the same gradients up to float summation order:
     losses agree to 1e-4 (relative) and the weights after 2 epochs to 1e-3.
     """
-    options = (NO_DECODE, "--architecture1,dropout=0.0", "--architecture1,norm=none")
+    options = (NO_DECODE, "--architecture1,dropout=0.0", "--architecture1,norm=none", f"--model,objective={objective}")
     run(tiny_corpus, tmp_path / "single", *options)
     launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2")
     run(tiny_corpus, tmp_path / "ddp", *options, launcher=launcher)

@@ -86,9 +86,10 @@ def checkpoint_progress(exp_dir: Path) -> dict:
     return torch.load(exp_dir / "checkpoint.pt", map_location="cpu", weights_only=True)["progress"]
 
 
-def test_a_nan_rolls_back_to_the_last_checkpoint_with_halved_rates(tiny_run, monkeypatch):
+@pytest.mark.parametrize("objective", ["ce", "lfmmi"])
+def test_a_nan_rolls_back_to_the_last_checkpoint_with_halved_rates(objective, tiny_run, monkeypatch):
     steps = inject_nan(monkeypatch, lambda step: step == 3)
-    code, exp_dir, log = tiny_run()
+    code, exp_dir, log = tiny_run(f"--model,objective={objective}")
     assert code == 0, log
     assert "rolling back to" in log and "learning rates halved" in log
     rollbacks = checkpoint_progress(exp_dir)["rollbacks"]

@@ -140,6 +140,102 @@ def reference_mlp(x, layer):
     return np.maximum(x @ W.T + b, 0)
 
 
+def reference_fusionrnn(x, layer):
+    """pytorch-kaldi's liGRU_layer with FusionLinearConv (neural_networks.py), in its own convention: per gate
+    f = reduce_m act(W x^m + b) over the microphones (one W, b shared by all), z' = sigma(f_z + U'_z h),
+    h~ = ReLU(f_h + U_h h), h = z' h + (1 - z') h~. Our U_z is -U'_z (models.fusion); no norm here."""
+    cell = layer.cells[0]
+    M, H = cell.mics, cell.hidden_size
+    W = layer.proj.shared_weight.detach().double().numpy()
+    b = layer.proj.shared_bias.detach().double().numpy()
+    Uz, Uh = gates(cell.recurrent.weight.detach().double().numpy(), 2)
+    slope = cell.slope.detach().double().numpy().ravel() if cell.slope is not None else (None, None)
+    acts = {"linear": lambda a, s: a, "relu": lambda a, s: np.maximum(a, 0), "tanh": lambda a, s: np.tanh(a),
+            "leaky_relu": lambda a, s: np.where(a > 0, a, 0.01 * a), "prelu": lambda a, s: np.where(a > 0, a, s * a)}
+    act = acts[cell.fusion_act]
+    h, out = np.zeros(H), []
+    for xt in x:
+        fused = []
+        for g in range(2):
+            per_mic = [act(W[g * H:(g + 1) * H] @ xm + b[g * H:(g + 1) * H], slope[g]) for xm in np.split(xt, M)]
+            fused.append(np.mean(per_mic, axis=0) if cell.fusion_reduce == "mean" else np.sum(per_mic, axis=0))
+        z = sig(fused[0] + (-Uz) @ h)
+        h = z * h + (1 - z) * np.maximum(fused[1] + Uh @ h, 0)
+        out.append(h)
+    return np.array(out)
+
+
+def reference_sru(x, layer):
+    """Lei et al. 2018 as the sru package 2.1: f, r = sigma(W_. x + v_. c + b_.), c = f c + (1 - f) u,
+    h = r g(c) + (1 - r) x'; x' a learned projection, or scale * x when x has the output width. Read from the
+    raw parameters (the learned rows, the gate biases, v), not from the layer's assembled matrix."""
+    cell, proj = layer.cells[0], layer.proj
+    H, F = cell.hidden_size, x.shape[1]
+    W = proj.learned_weight.detach().double().numpy()
+    if proj.down is not None:  # sru's n_proj: x -> (P,) -> (k H,)
+        W = W @ proj.down.detach().double().numpy()
+    k = W.shape[0] // H
+    rows = np.split(W, k)
+    b_f, b_r = np.split(proj.gate_bias.detach().double().numpy(), 2)
+    v_f, v_r = cell.recurrent_weight.detach().double().numpy()
+    g = {"identity": lambda c: c, "tanh": np.tanh, "relu": lambda c: np.maximum(c, 0),
+         "selu": lambda c: 1.0507009873554805 * np.where(c > 0, c, 1.6732632423543772 * np.expm1(c))}[cell.activation_name]
+    scale = np.sqrt(1 + 2 * np.exp(cell.highway_bias)) if cell.rescale else 1.0
+    c, out = np.zeros(H), []
+    for xt in x:
+        u = rows[0] @ xt
+        f = sig(rows[1] @ xt + v_f * c + b_f)
+        r = sig(rows[2] @ xt + v_r * c + b_r)
+        c = f * c + (1 - f) * u
+        if not cell.skip:
+            h = r * g(c)
+        else:
+            highway = rows[3] @ xt if k == 4 else scale * xt[:H]  # F == H: the input itself
+            h = r * g(c) + (1 - r) * highway
+        out.append(h)
+    return np.array(out)
+
+
+def quaternion_product(p, q):
+    """The Hamilton product p q of quaternions given as (r, i, j, k) arrays (elementwise over their shapes)."""
+    a1, b1, c1, d1 = p
+    a2, b2, c2, d2 = q
+    return np.array([a1 * a2 - b1 * b2 - c1 * c2 - d1 * d2,
+                     a1 * b2 + b1 * a2 + c1 * d2 - d1 * c2,
+                     a1 * c2 - b1 * d2 + c1 * a2 + d1 * b2,
+                     a1 * d2 + b1 * c2 - c1 * b2 + d1 * a2])
+
+
+def quaternion_map(components, v, size):
+    """y_a = sum_b W_ab v_b (Hamilton products), W ``(4, m, n)`` as [R, I, J, K]; ``v`` zero-padded at its end
+    to 4n numbers read as [r..., i..., j..., k...]; the result laid out the same way, cut to ``size``."""
+    _, m, n = components.shape
+    padded = np.concatenate([v, np.zeros(4 * n - len(v))]).reshape(4, n)  # (component, quaternion)
+    y = np.zeros((4, m))
+    for a in range(m):
+        for b in range(n):
+            y[:, a] += quaternion_product(components[:, a, b], padded[:, b])
+    return y.reshape(-1)[:size]
+
+
+def reference_qlstm(x, layer):
+    """Parcollet et al. 2019 (pytorch-kaldi's QLSTM): an LSTM, gates [i, f, g, o], whose products are
+    quaternion maps; act(.) on the candidate and on c."""
+    cell = layer.cells[0]
+    H = cell.hidden_size
+    Wq = layer.proj.components.detach().double().numpy()  # (4 gates, 4, m, n)
+    b = np.split(layer.proj.bias.detach().double().numpy(), 4)
+    Uq = cell.recurrent.components.detach().double().numpy()
+    act = {"tanh": np.tanh, "relu": lambda a: np.maximum(a, 0)}[cell.activation_name]
+    h, c, out = np.zeros(H), np.zeros(H), []
+    for xt in x:
+        a = [quaternion_map(Wq[g], xt, H) + b[g] + quaternion_map(Uq[g], h, H) for g in range(4)]
+        c = sig(a[1]) * c + sig(a[0]) * act(a[2])
+        h = sig(a[3]) * act(c)
+        out.append(h)
+    return np.array(out)
+
+
 REFERENCES = [
     ("bru", {"form": "log"}, reference_bru),
     ("bru", {"form": "prob"}, reference_bru),
@@ -155,6 +251,16 @@ REFERENCES = [
     ("lbru", {}, reference_lbru),
     ("lbru", {"backward": "layer"}, reference_lbru),
     ("lbru", {"input_gate": False, "backward": "layer"}, reference_lbru),
+    ("fusionrnn", {}, reference_fusionrnn),
+    ("fusionrnn", {"fusion_act": "prelu"}, reference_fusionrnn),
+    ("fusionrnn", {"fusion_act": "tanh", "fusion_reduce": "mean"}, reference_fusionrnn),
+    ("fusionrnn", {"fusion_act": "leaky_relu"}, reference_fusionrnn),
+    ("sru", {}, reference_sru),
+    ("sru", {"activation": "tanh", "highway_bias": -1.0}, reference_sru),
+    ("sru", {"skip": False}, reference_sru),
+    ("sru", {"rescale": False, "activation": "selu"}, reference_sru),
+    ("qlstm", {}, reference_qlstm),
+    ("qlstm", {"activation": "relu"}, reference_qlstm),
 ]
 
 

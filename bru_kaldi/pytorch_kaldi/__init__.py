@@ -149,7 +149,7 @@ def translate(text: str, source: str = "<string>",
     origins: dict[str, str] = {}
     if network is not None and network.chain:
         _network(network, archs, out, f"{source} [model]", problems, origins)
-    if network is not None and network.senone_lab:
+    if network is not None and network.senone_lab and network.senone_output:
         _counts_file(out, network.senone_lab, source, problems, notes)
     if problems:
         raise ValueError(f"{source}: a pytorch-kaldi config with {len(problems)} unsupported item(s) (all listed; "
@@ -172,6 +172,19 @@ def _network(network, archs: dict, out: dict, where: str, problems: list, origin
         if name not in archs:
             problems.append(f"{where}: compute({name},...) names no [architectureN] arch_name")
             return
+    if not network.senone_output:  # an autoencoder: every architecture in the stack, no output layer
+        for arch in network.chain:
+            if archs[arch].output_of:
+                problems.append(f"{where}: {arch} ends in a softmax output ({archs[arch].output_of}), but no cost_nll "
+                                f"trains one (loss_final is an mse alone)")
+        for k, name in enumerate(network.chain):
+            if network.reads[name] != ([network.chain[k - 1]] if k else list(network.inputs)):
+                archs[name].options["inputs"] = ",".join(network.reads[name])
+        out["model"] = {"stack": ",".join(network.chain), "inputs": ",".join(network.inputs),
+                        "senone_lab": network.senone_lab, "senone_output": "False",
+                        "features_arch": network.features_arch, "mse_arch": network.mse_arch,
+                        "mse_target": network.mse_target, "mse_weight": str(network.mse_weight)}
+        return
     head = archs[network.chain[-1]]
     for arch in network.chain[:-1]:
         if archs[arch].output_of:

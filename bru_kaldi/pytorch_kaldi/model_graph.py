@@ -76,6 +76,10 @@ class Network:
     mse_arch: str = ""  # the architecture of the chain whose output mse compares with the stream mse_target
     mse_target: str = ""
     mse_weight: float = 1.0
+    # False: no senone output (an autoencoder: loss_final an mse alone, err_final cost_err of its output, whose
+    # label stream is senone_lab); forward then writes the output of features_arch, forward_out's architecture
+    senone_output: bool = True
+    features_arch: str = ""
     # what each architecture of chain reads: feature streams and architectures, concatenated per frame in order
     reads: dict[str, list[str]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -143,6 +147,11 @@ def resolve(program: dict, fea_names: set[str], forward_out: str, where: str) ->
     trunk_out = program[forward_out][1][1]  # what the senone head reads
 
     terms = _loss_terms(program, "loss_final", 1.0, where, problems)
+    for operation, operands, _ in terms:  # an mse of an output off the way to forward_out: a side branch, computed too
+        for operand in operands if operation == "mse" else ():
+            if operand not in fea_names and operand not in produced and program.get(operand, ("",))[0] == "compute":
+                read(operand)
+    network.inputs = list(dict.fromkeys(item for arch in chain for item in reads[arch] if item in fea_names))
     for operation, (out, label), weight in terms:
         if operation == "mse":
             _mse_term(network, out, label, weight, produced, fea_names, where, problems)
@@ -158,13 +167,22 @@ def resolve(program: dict, fea_names: set[str], forward_out: str, where: str) ->
                             f"senone output reads): only a monophone head on the same layers is supported")
             continue
         network.mono_arch, network.mono_lab, network.mono_weight = args[0], label, weight
-    if not network.senone_lab:
-        alone = " (an mse alone, e.g. an autoencoder, trains no senone output to decode: mse is supported as a " \
-                "term summed with it)" if any(operation == "mse" for operation, _, _ in terms) else ""
-        problems.append(f"{where} loss_final: no cost_nll({forward_out},<label>) of the senone output "
-                        f"([forward] forward_out = {forward_out}){alone}")
     error = program.get("err_final")
-    if error is None or error[0] != "cost_err" or error[1][0] != forward_out:
+    if network.senone_lab:  # the senone output last: a side branch of the mse is computed before it
+        chain.append(chain.pop(chain.index(produced[forward_out])))
+    elif network.mse_arch and all(operation == "mse" for operation, _, _ in terms):
+        # an autoencoder: the mse alone trains; forward writes forward_out's architecture's output (its code)
+        network.senone_output, network.features_arch = False, produced[forward_out]
+        mse_out = next(v for v, arch in produced.items() if arch == network.mse_arch)
+        if error is None or error[0] != "cost_err" or len(error[1]) != 2 or error[1][0] != mse_out:
+            problems.append(f"{where} err_final: expected cost_err({mse_out},<label>) (with no cost_nll, the frame "
+                            f"error of the mse output, the architecture loss_final trains)")
+        else:
+            network.senone_lab = error[1][1]
+    else:
+        problems.append(f"{where} loss_final: no cost_nll({forward_out},<label>) of the senone output "
+                        f"([forward] forward_out = {forward_out}) and no mse term to train a network without one")
+    if network.senone_output and (error is None or error[0] != "cost_err" or error[1][0] != forward_out):
         problems.append(f"{where} err_final: expected cost_err({forward_out},{network.senone_lab or 'lab_cd'})")
     used = {forward_out, "loss_final", "err_final"} | set(_reachable(program, "loss_final"))
     used |= set(_reachable(program, forward_out))

@@ -28,6 +28,8 @@ FAST = {
     "rnn": "activation='tanh' (the default) or 'relu' (inner_dropout too)",
     "lbru": "all (backward=None or 'layer', input_gate True or False)",
     "ubru": "all (backward=None, 'kalman', 'hmm')",
+    "qlstm": "activation='tanh' (the default): the LSTM's loop with the Hamilton matrix formed once a sequence",
+    "fusionrnn": "all: the Li-GRU's loop, on the microphones fused (act, reduce, norm) before it",
 }
 
 
