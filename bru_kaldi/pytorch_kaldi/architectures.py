@@ -104,7 +104,6 @@ def translate_architecture(options: dict, where: str) -> Translated:
                         f"GRU_cudnn, CNN, SincNet, fusionRNN_jit, SRU, QLSTM, liBRU, BRU, UBRU, LBRU, UBRU_tpami, MGU){NO_EQUIVALENT.get(klass, '')}")
         return Translated(name, out, True, problems=problems)
     out["unit"] = unit
-    own = {k for k in options if k.startswith(prefix + "_")}
     lays = [v.strip() for v in options.get(f"{prefix}_lay", "").split(",") if v.strip()]
     if not lays:
         problems.append(f"{where} {prefix}_lay: required (one size per layer)")
@@ -175,13 +174,7 @@ def translate_architecture(options: dict, where: str) -> Translated:
     # pytorch-kaldi's own meanings: batch-norm momentum 0.05, dropout on the candidate / the MLP output
     out["norm_momentum"] = "0.05"
     out["dropout_at"] = "inside"
-    _common(options, out, where, problems, notes)
-    opt = out.get("arch_opt", "rmsprop")
-    for option in options:
-        if option in COMMON or option in known_own or option in OPTIMIZER_OPTIONS.get(opt, ()):
-            continue
-        problems.append(f"{where} {option}: not an option of arch_class {klass} with arch_opt {opt} "
-                        f"(proto/{klass}.proto, proto/{opt}.proto)")
+    _common(options, out, where, problems, notes, known_own)
     return Translated(name, out, _bool(options.get("arch_seq_model", "True" if unit != "mlp" else "False")),
                       output_of, f"{where} {prefix}_lay" if output_of else "", problems, notes)
 
@@ -209,12 +202,7 @@ def _vendor(options: dict, out: dict, unit: str, where: str) -> Translated:
         problems.append(f"{where} batch_first = False: in pytorch-kaldi's LSTM_cudnn it only turns off the orthogonal "
                         "initialisation of the recurrent matrices (the data is time-major either way); ours are always "
                         "orthogonal")
-    _common(options, out, where, problems, notes)
-    opt = out.get("arch_opt", "rmsprop")
-    for option in options:
-        if option not in COMMON + VENDOR_OPTIONS and option not in OPTIMIZER_OPTIONS.get(opt, ()):
-            problems.append(f"{where} {option}: not an option of arch_class {klass} with arch_opt {opt} "
-                            f"(proto/{klass}.proto, proto/{opt}.proto)")
+    _common(options, out, where, problems, notes, VENDOR_OPTIONS)
     return Translated(out["arch_name"], out, _bool(options.get("arch_seq_model", "True")), problems=problems, notes=notes)
 
 
@@ -282,12 +270,7 @@ def _conv(options: dict, out: dict, unit: str, prefix: str, where: str) -> Trans
                         "reads one vector per frame); expected False")
     out["norm_momentum"] = "0.05"
     out["dropout_at"] = "inside"
-    _common(options, out, where, problems, notes)
-    opt = out.get("arch_opt", "rmsprop")
-    for option in options:
-        if option not in COMMON and option not in known and option not in OPTIMIZER_OPTIONS.get(opt, ()):
-            problems.append(f"{where} {option}: not an option of arch_class {klass} with arch_opt {opt} "
-                            f"(proto/{klass}.proto, proto/{opt}.proto)")
+    _common(options, out, where, problems, notes, known)
     return Translated(out["arch_name"], out, False, problems=problems, notes=notes)
 
 
@@ -323,12 +306,7 @@ def _sru(options: dict, out: dict, where: str) -> Translated:
                rescale=str(_bool(options.get("sru_rescale", "True"))),
                highway_bias=options.get("sru_highway_bias", "0").strip(),
                projection_size=options.get("sru_n_proj", "0").strip())
-    _common(options, out, where, problems, notes)
-    opt = out.get("arch_opt", "rmsprop")
-    for option in options:
-        if option not in COMMON + SRU_PROTO and option not in OPTIMIZER_OPTIONS.get(opt, ()):
-            problems.append(f"{where} {option}: not an option of arch_class SRU with arch_opt {opt} "
-                            f"(proto/SRU.proto, proto/{opt}.proto)")
+    _common(options, out, where, problems, notes, SRU_PROTO)
     return Translated(out["arch_name"], out, _bool(options.get("arch_seq_model", "True")), problems=problems, notes=notes)
 
 
@@ -351,8 +329,20 @@ def _qlstm(options: dict, where: str) -> Translated:
     return translated
 
 
-def _common(options: dict, out: dict, where: str, problems: list, notes: list) -> None:
-    """The options every architecture has, and its optimiser's."""
+def _common(options: dict, out: dict, where: str, problems: list, notes: list, own=(), defined_in: str = "") -> None:
+    """The options every architecture has, and its optimiser's; then any option that is none of those nor
+    one of the class's ``own`` is a problem, naming where the class's options are defined (``defined_in``;
+    by default its proto file)."""
+    _optimizer(options, out, where, problems)
+    klass, opt = options.get("arch_class", ""), out.get("arch_opt", "rmsprop")
+    for option in options:
+        if option not in COMMON and option not in own and option not in OPTIMIZER_OPTIONS.get(opt, ()):
+            problems.append(f"{where} {option}: not an option of arch_class {klass} with arch_opt {opt} "
+                            f"({defined_in or f'proto/{klass}.proto'}, proto/{opt}.proto)")
+
+
+def _optimizer(options: dict, out: dict, where: str, problems: list) -> None:
+    """The library, pretraining, freezing, rate and optimiser options every architecture has."""
     library = options.get("arch_library", "neural_networks")
     if library != "neural_networks":
         problems.append(f"{where} arch_library = {library}: only pytorch-kaldi's neural_networks classes map to our units")
@@ -396,7 +386,7 @@ def _fusion(options: dict, out: dict, where: str) -> Translated:
     (its candidate is ReLU), and ``fusionRNN_do_fusion`` is a ``map`` object, always true: a value that says
     otherwise is translated as what runs, with a note."""
     problems, notes = [], []
-    klass, p = options["arch_class"], "fusionrnn"
+    p = "fusionrnn"
 
     def number(option):
         text = options.get(f"{p}_{option}", "").strip()
@@ -438,11 +428,6 @@ def _fusion(options: dict, out: dict, where: str) -> Translated:
                norm_momentum="0.05", dropout_at="inside", mics=str(mics), fusion_act=fusion_act, fusion_reduce=reduce)
     if "*" in first_drop or "|" in first_drop:
         out["dropout_schedule"] = first_drop
-    _common(options, out, where, problems, notes)
-    opt = out.get("arch_opt", "rmsprop")
-    for option in options:
-        if option not in COMMON and option not in OPTIMIZER_OPTIONS.get(opt, ()) and \
-                option not in {f"{p}_{o}" for o in FUSION_OPTIONS}:
-            problems.append(f"{where} {option}: not an option of arch_class {klass} with arch_opt {opt} "
-                            f"(fusionRNN_jit in neural_networks.py, proto/{opt}.proto)")
+    _common(options, out, where, problems, notes, {f"{p}_{o}" for o in FUSION_OPTIONS},
+            "fusionRNN_jit in neural_networks.py")
     return Translated(out["arch_name"], out, _bool(options.get("arch_seq_model", "True")), problems=problems, notes=notes)
