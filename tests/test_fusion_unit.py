@@ -18,7 +18,7 @@ from bru_kaldi import pytorch_kaldi
 from bru_kaldi.config import parse_config
 from bru_kaldi.network import build_model
 from models.fusion import SharedMicrophoneLinear
-from tests.test_pytorch_kaldi_cfg import HEAD, OPT, TAIL, USE, write
+from tests.test_pytorch_kaldi_cfg import HEAD, OPT, TAIL, USE, head, write
 from tests.test_run_exp import run
 from tests.unit_variants import randomise_
 
@@ -165,26 +165,7 @@ fusionRNN_fusion_reduce = {reduce}
 arch_lr = 0.004
 arch_halving_factor = 0.5
 arch_improvement_threshold = 0.001
-""" + OPT["rmsprop"] + """
-[architecture2]
-arch_name = MLP_layers
-arch_proto = proto/MLP.proto
-arch_library = neural_networks
-arch_class = MLP
-arch_pretrain_file = none
-arch_freeze = False
-arch_seq_model = False
-dnn_lay = N_out_lab_cd
-dnn_drop = 0.0
-dnn_use_laynorm_inp = False
-dnn_use_batchnorm_inp = False
-dnn_use_batchnorm = False
-dnn_use_laynorm = False
-dnn_act = softmax
-arch_lr = 0.004
-arch_halving_factor = 0.5
-arch_improvement_threshold = 0.001
-""" + OPT["rmsprop"] + """
+""" + OPT["rmsprop"] + head(2, "MLP_layers", "lab_cd", "0.004") + """
 [model]
 model_proto = proto/model.proto
 model = conc1=concatenate(mic1,mic2)

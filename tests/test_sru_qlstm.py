@@ -12,7 +12,7 @@ import torch
 import models
 from bru_kaldi.pytorch_kaldi.architectures import translate_architecture
 from models.quaternion import QuaternionLinear, hamilton_matrix
-from tests.test_pytorch_kaldi_cfg import DATASET, HEAD, TAIL, USE, env, write  # noqa: F401 (env: a fixture)
+from tests.test_pytorch_kaldi_cfg import DATASET, HEAD, MULTITASK, TAIL, USE, env, head, write  # noqa: F401 (env: a fixture)
 from tests.test_run_exp import run
 from tests.test_unit_equations import quaternion_product, reference_sru
 from tests.unit_variants import make_layer
@@ -169,43 +169,6 @@ opt_eps = 1e-8
 opt_weight_decay = 1e-7
 opt_amsgrad = False
 """
-OUTPUT = """
-[architecture{n}]
-arch_name = {name}
-arch_proto = proto/MLP.proto
-arch_library = neural_networks
-arch_class = MLP
-arch_pretrain_file = none
-arch_freeze = False
-arch_seq_model = False
-dnn_lay = N_out_{label}
-dnn_drop = 0.0
-dnn_use_laynorm_inp = False
-dnn_use_batchnorm_inp = False
-dnn_use_batchnorm = False
-dnn_use_laynorm = False
-dnn_act = softmax
-arch_lr = 0.001
-arch_halving_factor = 0.5
-arch_improvement_threshold = 0.001
-arch_opt = adam
-opt_betas = 0.9,0.999
-opt_eps = 1e-8
-opt_weight_decay = 1e-7
-opt_amsgrad = False
-"""
-SRU_MODEL = """
-[model]
-model_proto = proto/model.proto
-model = out_dnn1=compute(SRU_layers,fbank)
-\tout_dnn2=compute(MLP_layers,out_dnn1)
-\tout_dnn3=compute(MLP_layers2,out_dnn1)
-\tloss_mono=cost_nll(out_dnn3,lab_mono)
-\tloss_mono_w=mult_constant(loss_mono,1.0)
-\tloss_cd=cost_nll(out_dnn2,lab_cd)
-\tloss_final=sum(loss_cd,loss_mono_w)
-\terr_final=cost_err(out_dnn2,lab_cd)
-"""
 
 
 def test_sru_on_fbank_trains_and_decodes(env, tmp_path):
@@ -214,8 +177,8 @@ def test_sru_on_fbank_trains_and_decodes(env, tmp_path):
     datasets = "".join(DATASET.format(n=i, split=s, cw=0, chunks=2 if s == "train" else 1)
                        for i, s in enumerate(("train", "dev", "test"), 1))
     text = (HEAD.format(epochs=1) + datasets + USE.format(batch="4", maxlen="1000", increase="True") + SRU_ARCH
-            + OUTPUT.format(n=2, name="MLP_layers", label="lab_cd") + OUTPUT.format(n=3, name="MLP_layers2", label="lab_mono")
-            + SRU_MODEL + TAIL.format(out="out_dnn2", decode="True"))
+            + head(2, "MLP_cd", "lab_cd", "0.001") + head(3, "MLP_mono", "lab_mono", "0.001")
+            + MULTITASK.format(trunk="SRU_layers", inp="fbank", weight="1.0") + TAIL.format(out="out_dnn2", decode="True"))
     run(env, tmp_path / "exp", config=write(tmp_path, "SRU_fbank", text))
     res = (tmp_path / "exp" / "res.res").read_text()
     assert re.search(r"^test: %WER \d+\.\d\d ", res, flags=re.M)
