@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The share of a training step that the LF-MMI objective takes: its forward-backward against the network's.
 
-Usage: python bench/lfmmi.py [--config cfg/MINI_liBRU_lfmmi.cfg] [--repeats 5] [--orders 2 3 4] [--threads N] [--smoke]
+Usage: python bench/lfmmi.py [--config cfg/MINI_liBRU_lfmmi.cfg] [--repeats 5] [--orders 2 3 4] [--threads N]
+                             [--device cpu|cuda] [--smoke]
 
 The largest batch of the config's training set (the first of its training batch size, if any is),
 the config's network: the network's forward and backward with a stand-in loss, against the LF-MMI loss's
@@ -11,7 +12,9 @@ LM order asked for). Prints medians in ms and the objective's share of the whole
 paths in the same run, their repeats interleaved with the network's (the machine's load then weighs on
 all alike): the loop of torch ops (``BRU_KALDI_NATIVE=0``) and the C++ op that CPU training uses
 (``bru_kaldi.chain.native``; the target is judged on it, or on the torch loop where it cannot be built).
-``--smoke``: the tiny corpus, 1 repeat.
+``--device cuda``: the network on the GPU, the objective's torch loop on the GPU and its C++ op on the host
+(the outputs copied there and the posteriors back, as training does; each timing ends with
+``torch.cuda.synchronize``). ``--smoke``: the tiny corpus, 1 repeat.
 """
 
 from __future__ import annotations
@@ -38,14 +41,17 @@ from bru_kaldi.training import feature_columns  # noqa: E402
 TARGET = 0.20
 
 
-def timed(functions: dict, repeats: int) -> dict:
+def timed(functions: dict, repeats: int, device: torch.device) -> dict:
     """The median ms of each of ``functions`` (name -> callable), after one warm-up each, their repeats
-    interleaved so that a change in the machine's load falls on all of them alike."""
+    interleaved so that a change in the machine's load falls on all of them alike; on a GPU each ends
+    when the device has finished its work."""
     times = {name: [] for name in functions}
     for _ in range(repeats + 1):
         for name, function in functions.items():
             start = time.perf_counter()
             function()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(values[1:]) * 1000 for name, values in times.items()}
 
@@ -72,8 +78,13 @@ def main(argv=None) -> int:
     parser.add_argument("--orders", type=int, nargs="+", default=None, help="phone LM orders (default: the config's)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch's threads (default: as they are); 1 gives steadier numbers on a busy machine")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where the network runs (cuda: the torch loop on the GPU, the C++ op on the host)")
     parser.add_argument("--smoke", action="store_true", help="the tiny corpus, one repeat")
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = []
@@ -93,11 +104,14 @@ def main(argv=None) -> int:
     batch = max((b for b in corpus.batches(0)), key=lambda b: len(b.keys))  # a full batch
     input_dim, _ = feature_columns(config.model, corpus.sources)
     model, _ = build_model(config, input_dim, corpus.label_dims[senone], None)
-    x, lengths, pdfs = batch.x[..., :input_dim], batch.lengths, batch.labels[senone]
+    model.to(device)
+    x, lengths = batch.x[..., :input_dim].to(device), batch.lengths.to(device)
+    pdfs = batch.labels[senone].to(device)
     torch.manual_seed(0)
     print(f"{Path(args.config).name}: batch of {len(batch.keys)} utterances, {int(lengths.sum())} frames "
           f"(outputs (B, T, P) = {tuple(batch.x.shape[:2]) + (corpus.label_dims[senone],)}), "
-          f"{torch.get_num_threads()} threads, medians of {args.repeats}")
+          f"{torch.get_num_threads()} threads, device {device}"
+          f"{f' ({torch.cuda.get_device_name(device)})' if device.type == 'cuda' else ''}, medians of {args.repeats}")
 
     def network():
         model.zero_grad(set_to_none=True)
@@ -108,15 +122,16 @@ def main(argv=None) -> int:
         out = model(x, lengths)
     output = out["senone"].detach().requires_grad_()
     xent = out["xent"].detach().requires_grad_()
-    has_native = native.native_ops(output) is not None  # (builds the C++ op on first use)
-    paths = {"torch loop": "0", "C++": "1"} if has_native else {"torch loop": "0"}
+    has_native = native.native_ops(output.new_empty(0, device="cpu")) is not None  # (builds it on first use)
+    cpp = "C++" if device.type == "cpu" else "C++ on the host"  # GPU outputs copied there and back
+    paths = {"torch loop": "0", cpp: "1"} if has_native else {"torch loop": "0"}
     lab_folder = next(s.lab_folder for s in spec.lab if s.lab_name == senone)
     functions, graphs = {"network": network}, {}
     for order in args.orders or [config.model.lfmmi_phone_lm_order]:
         den = denominator_from_alignments(lab_folder, order)
         m = config.model
         chain = ChainSupervision(den, m.lfmmi_leaky_hmm, m.lfmmi_xent_regularize, m.lfmmi_output_l2,
-                                 m.lfmmi_tolerance).to("cpu")
+                                 m.lfmmi_tolerance).to(device)
         graphs[order] = den
 
         def objective(chain=chain):
@@ -124,9 +139,9 @@ def main(argv=None) -> int:
 
         for path, mode in paths.items():
             functions[order, path] = with_native(mode, objective)
-    ms = timed(functions, args.repeats)
+    ms = timed(functions, args.repeats, device)
     print(f"network forward + backward: {ms['network']:.1f} ms")
-    if not has_native:
+    if not has_native and device.type == "cpu":
         print("the C++ forward-backward could not be built here: the torch loop alone is timed")
     judged = list(paths)[-1]  # what CPU training runs
     for order, den in graphs.items():
@@ -138,7 +153,7 @@ def main(argv=None) -> int:
             print(f"LF-MMI objective, {order}-gram denominator ({den.num_states} states, {den.num_arcs} arcs), "
                   f"{path}: {objective_ms:.1f} ms, {100 * share:.0f} % of the step{verdict}")
         if len(paths) > 1:
-            print(f"  the C++ op is {ms[order, 'torch loop'] / ms[order, 'C++']:.1f} times as fast as the torch loop")
+            print(f"  the C++ op is {ms[order, 'torch loop'] / ms[order, cpp]:.1f} times as fast as the torch loop")
     return 0
 
 

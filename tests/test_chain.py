@@ -409,11 +409,73 @@ def test_chain_objective_per_utterance_and_float32():
     torch.testing.assert_close(objf.double(), objf64, rtol=0, atol=1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_gives_what_the_cpu_gives():
+# --- on a GPU: both paths (the C++ op on the host, the torch loop on the GPU) against the same references --
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(params=["1", "0"], ids=["host C++", "torch loop on the GPU"])
+def cuda_path(request, monkeypatch):
+    """GPU outputs through the C++ op on the host (``BRU_KALDI_NATIVE=1``, built or the test fails) or through
+    the loop of torch ops on the GPU (``0``)."""
+    monkeypatch.setenv("BRU_KALDI_NATIVE", request.param)
+    return request.param
+
+
+@needs_cuda
+@pytest.mark.parametrize("leaky", [0.0, 0.1, 0.7])
+@pytest.mark.parametrize("seed,num_states,num_pdfs", CASES)
+def test_cuda_float64_is_the_sum_over_all_paths(seed, num_states, num_pdfs, leaky, cuda_path):
+    graph = random_graph(seed, num_states, num_pdfs, final_ones=seed % 2 == 0)
+    generator = torch.Generator().manual_seed(200 + seed)
+    for num_frames in range(1, 4):
+        x = 2 * torch.randn(num_frames, num_pdfs, generator=generator, dtype=torch.float64)
+        expected_logprob, expected_posteriors = brute_force(graph, x, leaky)
+        logprob, posteriors = forward_backward(x[None].cuda(), [num_frames], graph.expand(1), leaky)
+        assert logprob.is_cuda and posteriors.is_cuda
+        assert float(logprob[0]) == pytest.approx(expected_logprob, abs=1e-10), num_frames
+        torch.testing.assert_close(posteriors[0].cpu(), expected_posteriors, rtol=0, atol=1e-10)
+
+
+@needs_cuda
+def test_cuda_padded_batches_and_numerator_windows_give_the_brute_force(cuda_path):
+    """Padding holding NaN and inf, numerator graphs with tolerance windows, on the GPU in float64."""
+    den = random_graph(8, 4, 3, final_ones=True)
+    alignments = [[0, 0, 1, 2, 2], [1], [2, 2, 0]]
+    nums = [numerator_graph(a, tolerance=1) for a in alignments]
+    lengths = [len(a) for a in alignments]
+    x = torch.randn(3, 5, 3, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    x[1, 1:] = float("nan")
+    x[2, 3:] = float("inf")
+    den_logprob, den_posteriors = denominator_forward_backward(x.cuda(), lengths, den, leaky_coefficient=0.1)
+    num_logprob, num_posteriors = numerator_forward_backward(x.cuda(), lengths, nums)
+    for b, length in enumerate(lengths):
+        for (logprob, posteriors), (expected_logprob, expected_posteriors) in [
+                ((den_logprob, den_posteriors), brute_force(den, x[b, :length], 0.1)),
+                ((num_logprob, num_posteriors), brute_force(nums[b], x[b, :length]))]:
+            assert float(logprob[b]) == pytest.approx(expected_logprob, abs=1e-10)
+            torch.testing.assert_close(posteriors[b, :length].cpu(), expected_posteriors, rtol=0, atol=1e-10)
+            assert (posteriors[b, length:] == 0).all()
+
+
+@needs_cuda
+def test_cuda_gradcheck_on_the_loss(cuda_path):
+    den, nums, lengths, x, _ = loss_case(10)
+    x = x.cuda().requires_grad_(True)
+    lengths = torch.tensor(lengths, device="cuda")
+    den = den.to("cuda")
+    assert torch.autograd.gradcheck(
+        lambda x: lfmmi_loss(x, lengths, nums, den, leaky_coefficient=0.3, output_l2=0.05).loss, (x,),
+        eps=1e-6, atol=1e-7)
+
+
+@needs_cuda
+def test_cuda_gives_what_the_cpu_gives(cuda_path, monkeypatch):
+    """The CPU side is the C++ op on CPU outputs, the GPU side the fixture's path."""
     den, nums, lengths, x, xent = loss_case()
     results = {}
     for device in ("cpu", "cuda"):
+        monkeypatch.setenv("BRU_KALDI_NATIVE", "1" if device == "cpu" else cuda_path)
         xs = x.detach().to(device).requires_grad_(True)  # a leaf on each device
         result = lfmmi_loss(xs, torch.tensor(lengths, device=device), nums, den.to(device), leaky_coefficient=0.1,
                             xent_output=xent.to(device), output_l2=0.01)

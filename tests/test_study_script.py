@@ -98,3 +98,18 @@ def test_a_sweep_stage_copies_back_the_archived_runs_it_lacks_and_keeps_the_fini
 def test_a_bad_option_value_stops_with_the_usage(tmp_path):
     result = subprocess.run(["bash", str(SCRIPT), "--stage", "two"], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "--stage" in result.stderr and "Usage" in result.stderr
+
+
+def test_phone_configs_restricts_the_phone_sweeps_and_refuses_a_missing_file(tmp_path):
+    kept = tmp_path / "kept" / "phones"
+    for name in ("MINI_GRU", "MINI_liGRU_UBRU"):
+        fake_run(kept / name / "seed1", name, "gru", 1, [1] * 30, 20, 20)
+    calls = run_script(tmp_path, "--stop-stage", "1", "--phone-configs", "cfg/MINI_liGRU_UBRU.cfg")
+    assert [[a for a in c if a.endswith(".cfg")] for c in calls] == [["cfg/MINI_liGRU_UBRU.cfg"]]
+    # only the swept config's archived runs are copied back: a second instance sweeping the others copies theirs
+    assert sorted(p.name for p in (tmp_path / "out" / "phones").iterdir()) == ["MINI_liGRU_UBRU"]
+    calls = run_script(tmp_path, "--stop-stage", "1", "--phone-configs", "cfg/MINI_GRU.cfg cfg/MINI_LBRU.cfg")
+    assert [[a for a in c if a.endswith(".cfg")] for c in calls][-1:] == [["cfg/MINI_GRU.cfg", "cfg/MINI_LBRU.cfg"]]
+    missing = subprocess.run(["bash", str(SCRIPT), "--phone-configs", "cfg/MINI_nothing.cfg"], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 1 and "--phone-configs: no config file cfg/MINI_nothing.cfg" in missing.stderr

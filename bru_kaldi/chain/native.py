@@ -4,8 +4,9 @@ Built and cached by the machinery of the recurrences' kernels (:class:`models.fa
 one build per vector ISA, in torch's extension cache under a folder named for the source's hash, a
 build lock that dies with its process), under the same switch ``BRU_KALDI_NATIVE``: ``auto`` (build,
 and if that fails warn once and run the loop of torch ops), ``1`` (build or raise: what the tests use),
-``0`` (never). :func:`bru_kaldi.chain.objective.forward_backward` asks :func:`native_ops` and runs its
-torch loop where it gets ``None`` (CUDA tensors, other dtypes, no C++ compiler). ``python -m
+``0`` (never). :func:`bru_kaldi.chain.objective.forward_backward` asks :func:`native_ops` for a CPU tensor
+of its outputs' dtype (GPU outputs are copied to the host for it) and runs its torch loop, on the outputs'
+device, where it gets ``None`` (other dtypes, ``BRU_KALDI_NATIVE=0``, no C++ compiler). ``python -m
 bru_kaldi.chain.native`` builds it ahead of time and prints where it is.
 
 >>> import torch

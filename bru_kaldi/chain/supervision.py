@@ -74,7 +74,8 @@ class ChainSupervision:
         real = pdfs != IGNORE
         lengths = real.sum(1)
         alignments = [row[:n].tolist() for row, n in zip(pdfs.cpu(), lengths.tolist())]
-        numerators = [numerator_graph(a, self.tolerance, dtype=output.dtype).to(output.device) for a in alignments]
+        # on the CPU, where they are made: the forward-backward moves them (batched) to where it runs
+        numerators = [numerator_graph(a, self.tolerance, dtype=output.dtype) for a in alignments]
         graph = self.den_graph
         if graph.weight.device != output.device or graph.weight.dtype != output.dtype:
             graph = graph.to(output.device, output.dtype)

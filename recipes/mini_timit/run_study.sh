@@ -44,6 +44,7 @@ seeds=1-5
 more_seeds=6-10
 word_seeds=1-5
 jobs=2              # runs at a time, each with cores / jobs threads
+phone_configs=      # the phone configs to sweep, space-separated (default: all of the claims' below)
 out=exp/study_layout2
 archive=results/study_runs/layout2  # the finished runs without weights (stage 4), committed: the study's memory
 epochs=24
@@ -61,6 +62,8 @@ Options (defaults in brackets):
   --stage N [$stage]  --stop-stage N [$stop_stage]   first and last stage to run (1-4)
   --seeds LIST [$seeds]   --more-seeds LIST [$more_seeds]   the phone task's two rounds of seeds
   --word-seeds LIST [$word_seeds]   --jobs N [$jobs]   --out DIR [$out]
+  --phone-configs "CFG ..." [all of the claims']   a part of the phone configs, e.g. to run two parts at
+  once with their own --jobs (two instances must not share a config: both would train the same runs)
   --archive DIR [$archive]   --epochs N [$epochs]   --patience N [$patience]   the schedule's budget and stopping
   rule   --lr X [$lr]   every architecture's rate
 USAGE
@@ -79,13 +82,18 @@ cd "$(dirname "$0")/../.."  # the repository: compare.py, cfg/ and RESULTS.md ar
 schedule=("--exp,n_epochs_tr=$epochs" "--exp,patience=$patience")
 kept=$archive
 
-restore() {  # restore TASK: the archived runs of TASK that <out> has not finished, copied there
-  local run target
-  for run in "$kept/$1"/*/seed*; do
-    [ -d "$run" ] || continue
-    target=$out/$1/${run#"$kept/$1/"}
-    [ -e "$target/.done/decode" ] && continue
-    rm -rf "$target" && mkdir -p "$target" && cp -R "$run/." "$target/"
+restore() {  # restore TASK CONFIG...: the archived runs of those configs that <out> has not finished, copied
+  # there (the swept configs' alone: two instances with their own --phone-configs never copy the same run)
+  local task=$1 cfg name run target
+  shift
+  for cfg in "$@"; do
+    name=$(basename "$cfg" .cfg)
+    for run in "$kept/$task/$name"/seed*; do
+      [ -d "$run" ] || continue
+      target=$out/$task/$name/${run##*/}
+      [ -e "$target/.done/decode" ] && continue
+      rm -rf "$target" && mkdir -p "$target" && cp -R "$run/." "$target/"
+    done
   done
 }
 
@@ -93,6 +101,12 @@ restore() {  # restore TASK: the archived runs of TASK that <out> has not finish
 phones=(cfg/MINI_liBRU.cfg cfg/MINI_liGRU.cfg cfg/MINI_liBRU_bi.cfg cfg/MINI_liGRU_bi.cfg cfg/MINI_liGRU_bi3.cfg
         cfg/MINI_UBRU.cfg cfg/MINI_UBRU_kalman.cfg cfg/MINI_UBRU_hmm.cfg cfg/MINI_UBRU_bi.cfg cfg/MINI_liGRU_UBRU.cfg
         cfg/MINI_LBRU.cfg cfg/MINI_GRU.cfg cfg/MINI_GRU_bi.cfg)
+if [ -n "$phone_configs" ]; then
+  read -r -a phones <<< "$phone_configs"
+  for cfg in "${phones[@]}"; do
+    [ -f "$cfg" ] || { echo "$0: Error: --phone-configs: no config file $cfg" >&2; exit 1; }
+  done
+fi
 words=(cfg/MINIW_liBRU.cfg cfg/MINIW_liGRU.cfg cfg/MINIW_LSTM.cfg)
 
 # The pairs of the claims' tables besides the claims' own (compare.py --claims adds those): the word task's LSTM.
@@ -118,19 +132,19 @@ sweep() {  # sweep SEEDS OUT CONFIG...: compare.py sweep with the study's optimi
 
 if [ $stage -le 1 ] && [ $stop_stage -ge 1 ]; then
   echo "$(date '+%F %T') Stage 1: phones"
-  restore phones
+  restore phones "${phones[@]}"
   sweep "$seeds" $out/phones "${phones[@]}"
 fi
 
 if [ $stage -le 2 ] && [ $stop_stage -ge 2 ]; then
   echo "$(date '+%F %T') Stage 2: words"
-  restore words
+  restore words "${words[@]}"
   sweep "$word_seeds" $out/words "${words[@]}"
 fi
 
 if [ $stage -le 3 ] && [ $stop_stage -ge 3 ]; then
   echo "$(date '+%F %T') Stage 3: phones, more seeds"
-  restore phones
+  restore phones "${phones[@]}"
   sweep "$more_seeds" $out/phones "${phones[@]}"
 fi
 
