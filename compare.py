@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from collections import Counter
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
                 raise ConfigError("--section needs --markdown FILE (the file whose section is replaced)")
             print(table(args.folders, args.baseline, args.test_set, args.csv, args.markdown, args.plots,
                         args.replications, parse_pairs(args.pairs), args.section,
-                        "python compare.py " + " ".join(sys.argv[1:] if argv is None else argv), args.pending_ok,
+                        "python compare.py " + shlex.join(sys.argv[1:] if argv is None else argv), args.pending_ok,
                         report.read_claims(args.claims) if args.claims else ()))
             return 0
         if args.verb == "archive":

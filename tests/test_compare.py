@@ -4,6 +4,7 @@ the tiny corpus that is killed and resumed."""
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -221,13 +222,18 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     (a_vs_c,) = report.pairs(systems, [("MINI_A", "MINI_C")], "test", replications=400)  # errors drawn alike
     assert a_vs_c.versus["matched_pairs_p"] > 0.05 and a_vs_c.reading() == "not resolved with 2 / 2 seeds"
     row = report.pairs_markdown([b_vs_a], "test").splitlines()[-1].split(" | ")
-    assert row[8:12] == [f"{b_vs_a.versus['run_level'].p_value:.3g}", f"{b_vs_a.versus['matched_pairs_p']:.3g}",
+    # relative to A's mean error, the run-level interval (fractions; the errors in points) scaled the same
+    # way: -10.00 / 31.50 = -31.7 %
+    test = b_vs_a.versus["run_level"]
+    assert row[7] == f"-31.7 % ({1e4 * test.low / 31.5:+.1f} % to {1e4 * test.high / 31.5:+.1f} %)"
+    assert row[9:13] == [f"{b_vs_a.versus['run_level'].p_value:.3g}", f"{b_vs_a.versus['matched_pairs_p']:.3g}",
                          f"{b_vs_a.versus['sign_p']:.3g}", "better (p < 0.05)"]
     one_seed = report.pairs(group(find_runs([str(tmp_path / "runs" / "*" / "seed1")])), [("MINI_B", "MINI_A")], "test",
                             replications=400)[0]
     assert one_seed.versus["matched_pairs_p"] < 0.05  # the utterances alone would call it, the runs cannot
     assert one_seed.reading() == "not resolved: one seed, run-to-run variance unknown"
     assert "| one seed | " in report.pairs_markdown([one_seed], "test")
+    assert report.pairs_markdown([one_seed], "test").splitlines()[-1].split(" | ")[7] == "-32.3 %"  # (21 - 31) / 31; no interval: one seed
     with pytest.raises(ValueError, match="no system MINI_D"):
         report.pairs(systems, [("MINI_D", "MINI_A")], "test")
     (not_started,) = report.pairs(systems, [("MINI_D", "MINI_A")], "test", missing_ok=True)  # a study under way
@@ -237,7 +243,7 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     (unfinished / "res.res").write_text("".join((unfinished / "res.res").read_text().splitlines(True)[:2]))
     (pending,) = report.pairs(group(find_runs([str(tmp_path / "runs" / "*"), str(unfinished)])),
                               [("MINI_D", "MINI_A")], "test")
-    assert "| MINI_D | MINI_A | 0 / 2 | - | 31.50 | | no finished run of both yet |" + " |" * 7 in \
+    assert "| MINI_D | MINI_A | 0 / 2 | - | 31.50 | | no finished run of both yet |" + " |" * 8 in \
         report.pairs_markdown([pending], "test")
 
     page = tmp_path / "RESULTS.md"
@@ -250,6 +256,13 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert "stale table" not in text and "3 systems, 6 finished runs, 0.1 h of training in all; trained on " \
         "Some CPU, 2 cores, 1 thread, torch 2.13.0+cpu, device cpu (6 runs)." in text
     assert f"by `python compare.py table {tmp_path / 'runs'} --markdown" in text
+    # the printed command runs as printed: a system named by an override has parentheses, which a shell
+    # would read as syntax unless quoted
+    argv = ["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study", "--pairs",
+            "MINI_B:MINI_A(opt_bias_correction=False)", "--pending-ok"]
+    assert compare.main(argv) == 0
+    printed = re.search(r"by `python compare.py ([^`]*)`", page.read_text()).group(1)
+    assert shlex.split(printed) == argv
     assert text.count("\n| MINI_A | ligru") == 1 and "| MINI_B | MINI_A | 2 / 2 | 21.50 | 31.50 |" in text
     page.write_text("no markers here\n")
     assert compare.main(["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study"]) == 1

@@ -202,7 +202,7 @@ def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set
 
 
 PAIR_HEADERS = ("system", "against", "seeds", "{set} error", "against's", "difference", "95 % interval (runs)",
-                "P(better)", "run-level p", "utterance-only p (matched pairs)", "utterance-only p (sign test)",
+                "relative (95 % interval)", "P(better)", "run-level p", "utterance-only p (matched pairs)", "utterance-only p (sign test)",
                 "at 5 % (run level)", "resolvable at 80 % power", "seeds needed")
 
 
@@ -211,14 +211,15 @@ def pairs_markdown(table: Sequence[Pair], test_set: str) -> str:
     interval, the tests (the run-level one first; the others see only utterances), the verdict at 5 %
     from the run-level test, the difference the design resolves with 80 % power and the seeds per system
     that would resolve the observed one (``statistics.run_level``; "-" where no number of seeds would,
-    on this test set)."""
+    on this test set). The relative difference is the difference and its run-level interval divided by
+    the against system's mean error, which is taken as fixed (Kaldi's "relative WER reduction")."""
     lines = ["| " + " | ".join(h.format(set=test_set) for h in PAIR_HEADERS) + " |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for p in table:
         v, seeds = p.versus, f"{p.seeds[0]} / {p.seeds[1]}"
         if not v:
             lines.append(f"| {p.system} | {p.against} | {seeds} | {_or_dash(p.system_error)} | "
-                         f"{_or_dash(p.against_error)} | | no finished run of both yet |" + " |" * 7)
+                         f"{_or_dash(p.against_error)} | | no finished run of both yet |" + " |" * 8)
             continue
         test = v["run_level"]
         if test is None:
@@ -229,11 +230,24 @@ def pairs_markdown(table: Sequence[Pair], test_set: str) -> str:
                     "-" if test.seeds_needed is None else str(test.seeds_needed)]
         if test is None:
             runs[1] = f"{v['probability_of_improvement']:.3f}"
+        difference = p.system_error - p.against_error
+        relative = _relative(difference, p.against_error)
+        if test is not None and p.against_error:  # the test's bounds are fractions, the errors points
+            relative += f" ({_relative(100 * test.low, p.against_error)} to {_relative(100 * test.high, p.against_error)})"
         cells = [p.system, p.against, seeds, f"{p.system_error:.2f}", f"{p.against_error:.2f}",
-                 f"{p.system_error - p.against_error:+.2f}", runs[0], runs[1], runs[2], f"{v['matched_pairs_p']:.3g}",
+                 f"{difference:+.2f}", runs[0], relative, runs[1], runs[2], f"{v['matched_pairs_p']:.3g}",
                  f"{v['sign_p']:.3g}", p.reading(), runs[3], runs[4]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _relative(difference: float, against: float) -> str:
+    """``difference`` (points) as a percentage of ``against`` (points): ``-12.5 %``; "" where that is 0.
+
+    >>> _relative(-3.0, 24.0), _relative(0.5, 20.0)
+    ('-12.5 %', '+2.5 %')
+    """
+    return f"{100 * difference / against:+.1f} %" if against else ""
 
 
 # --------------------------------------------------------------------------- the papers' claims
