@@ -7,9 +7,12 @@
 #   3 the built-in corpus, then the main job (cfg/MINI_liBRU.cfg) on the GPU, timed
 #   4 bench/triton_blocks.py: the kernels' block sizes (what the launcher's defaults rest on)
 #   5 the rest of the fast-path tests on the GPU (float64, gradcheck, memory; pytest-xdist if installed)
+#   6 LF-MMI's forward-backward on GPU outputs, both paths (the C++ op on the host, the torch loop on the
+#     GPU), against the brute force (tests/test_chain.py -k cuda)
+#   7 bench/lfmmi.py --device cuda: the objective's share of a training step, each path (the corpus first)
 #
 #   bench/cuda_check.sh OUT_DIR        # a log per step in OUT_DIR; a summary on stdout
-# The steps' limits add up to about 8 minutes; STEPS="1 2" runs only those.
+# The steps' limits add up to about 10 minutes; STEPS="1 2" runs only those.
 set -uo pipefail
 
 out=${1:?usage: $0 OUT_DIR}
@@ -17,7 +20,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.." || exit
 python=$(command -v python3 || command -v python)
-steps=${STEPS:-1 2 3 4 5}
+steps=${STEPS:-1 2 3 4 5 6 7}
 
 step() {  # step NUMBER NAME SECONDS COMMAND...: the command's output into OUT_DIR/NAME.log, its tail here
   local number=$1 name=$2 limit=$3
@@ -56,3 +59,11 @@ TAIL=30 step 4 blocks 45 "$python" bench/triton_blocks.py --units libru lstm --b
 # shellcheck disable=SC2086
 TAIL=12 step 5 fast_paths 90 "$python" -m pytest -q -p no:cacheprovider $xdist tests/test_fast_recurrences.py \
   -k "cuda and not (equals_reference and f32)"
+# shellcheck disable=SC2086
+TAIL=6 step 6 chain 90 "$python" -m pytest -q -p no:cacheprovider $xdist tests/test_chain.py -k cuda
+lfmmi_bench() {
+  "$python" -c "from recipes.mini_timit.corpus import ensure_corpus; ensure_corpus(log=lambda line: None)" || return
+  "$python" bench/lfmmi.py --device cuda --repeats 5
+}
+export -f lfmmi_bench
+TAIL=8 step 7 lfmmi_bench 90 bash -c lfmmi_bench
