@@ -18,7 +18,7 @@ from bru_kaldi import pytorch_kaldi
 from bru_kaldi.config import parse_config
 from bru_kaldi.network import build_model
 from models.fusion import SharedMicrophoneLinear
-from tests.test_pytorch_kaldi_cfg import HEAD, OPT, TAIL, USE, head, write
+from tests.test_pytorch_kaldi_cfg import HEAD, LAB_CD, OPT, TAIL, USE, head, write
 from tests.test_run_exp import run
 from tests.unit_variants import randomise_
 
@@ -189,13 +189,7 @@ fea = fea_name=mic1
 \tfea_opts=add-deltas --delta-order=0 ark:- ark:- |
 \tcw_left=0
 \tcw_right=0
-lab = lab_name=lab_cd
-\tlab_folder=$MINI_TIMIT/exp/mono_ali_{split}
-\tlab_opts=ali-to-pdf
-\tlab_count_file=auto
-\tlab_data_folder=$MINI_TIMIT/data/{split}/
-\tlab_graph=$MINI_TIMIT/exp/mono/graph
-N_chunks = 1
+""" + LAB_CD + """N_chunks = 1
 """
 
 

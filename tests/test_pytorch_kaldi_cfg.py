@@ -41,6 +41,14 @@ multi_gpu = False
 save_gpumem = False
 N_epochs_tr = {epochs}
 """
+# the senone labels of the tiny corpus (pdf-ids of its monophone alignments), one part of a [datasetN]
+LAB_CD = """lab = lab_name=lab_cd
+\tlab_folder=$MINI_TIMIT/exp/mono_ali_{split}
+\tlab_opts=ali-to-pdf
+\tlab_count_file=auto
+\tlab_data_folder=$MINI_TIMIT/data/{split}/
+\tlab_graph=$MINI_TIMIT/exp/mono/graph
+"""
 DATASET = """
 [dataset{n}]
 data_name = {split}
@@ -55,13 +63,7 @@ fea = fea_name=fbank
 \tfea_opts=apply-cmvn --utt2spk=ark:$MINI_TIMIT/data/{split}/utt2spk scp:$MINI_TIMIT/data/{split}/cmvn_mfcc.scp ark:- ark:- |
 \tcw_left=0
 \tcw_right=0
-lab = lab_name=lab_cd
-\tlab_folder=$MINI_TIMIT/exp/mono_ali_{split}
-\tlab_opts=ali-to-pdf
-\tlab_count_file=auto
-\tlab_data_folder=$MINI_TIMIT/data/{split}/
-\tlab_graph=$MINI_TIMIT/exp/mono/graph
-
+""" + LAB_CD + """
 \tlab_name=lab_mono
 \tlab_folder=$MINI_TIMIT/exp/mono_ali_{split}
 \tlab_opts=ali-to-phones --per-frame=true
