@@ -42,6 +42,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Optional
 
 from bru_kaldi.atomic import write_text_atomically
 from bru_kaldi.comparison import report
@@ -72,6 +73,14 @@ def parse_pairs(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def cost_machine(systems) -> Optional[str]:
+    """The machine whose runs the cost columns average when the finished runs trained on several: the one
+    most of them trained on (the first seen among equals; "" for runs whose log does not say); None when
+    they all trained on one."""
+    machines = Counter(r.machine or "" for s in systems for r in s.runs if r.finished)
+    return machines.most_common(1)[0][0] if len(machines) > 1 else None
+
+
 def provenance(systems, command: str) -> str:
     """When, where and how a table was made, what its runs cost and where they trained: the line above a
     generated table (its runs may come from several sittings and machines)."""
@@ -79,9 +88,12 @@ def provenance(systems, command: str) -> str:
     hours = sum(r.training_seconds for r in runs) / 3600
     machines = Counter(r.machine or "a machine not recorded" for r in runs)
     trained = "; ".join(f"{machine} ({n} run{'s' if n != 1 else ''})" for machine, n in machines.most_common())
+    costed = cost_machine(systems)
     return (f"Generated {time.strftime('%Y-%m-%d')} by `{command}` on {cpu_model()} "
             f"({os.cpu_count()} cores): {len(systems)} systems, {len(runs)} finished runs, "
-            f"{hours:.1f} h of training in all" + (f"; trained on {trained}." if runs else "."))
+            f"{hours:.1f} h of training in all" + (f"; trained on {trained}." if runs else ".")
+            + (f" The training time and frames/s are those of the runs on {costed or 'a machine not recorded'} "
+               "alone." if len(machines) > 1 else ""))
 
 
 def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plots=None,
@@ -96,7 +108,7 @@ def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plo
     """
     systems = group(find_runs(patterns))
     sets = ["dev", test_set] if test_set != "dev" else ["dev"]
-    rows = report.rows(systems, sets, baseline, test_set, replications)
+    rows = report.rows(systems, sets, baseline, test_set, replications, cost_machine(systems))
     pairs = list(dict.fromkeys(list(pairs) + [(c.system, c.against) for c in claims]))
     named = report.pairs(systems, pairs, test_set, replications, missing_ok) if pairs else []
     tested = ("\n\n" + report.pairs_markdown(named, test_set) if named else "") + (

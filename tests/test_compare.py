@@ -158,8 +158,10 @@ stack = rec
 """
 
 
-def fake_run(folder: Path, name: str, unit: str, seed: int, errors: list[int], dev: float, test: float):
-    """An experiment folder as run_exp.py leaves it, with ``errors`` per test utterance (length 10 each)."""
+def fake_run(folder: Path, name: str, unit: str, seed: int, errors: list[int], dev: float, test: float,
+             machine: str = "Some CPU, 2 cores, 1 thread, torch 2.13.0+cpu, device cpu", speeds=(1000, 3000)):
+    """An experiment folder as run_exp.py leaves it, with ``errors`` per test utterance (length 10 each),
+    trained on ``machine`` at ``speeds`` frames/s in its two epochs."""
     folder.mkdir(parents=True)
     (folder / "config.resolved.cfg").write_text(RESOLVED.format(name=name, folder=folder, seed=seed, unit=unit))
     (folder / "res.res").write_text(
@@ -167,8 +169,8 @@ def fake_run(folder: Path, name: str, unit: str, seed: int, errors: list[int], d
         "epoch=002 train_loss=1.5 train_err=0.4 dev_loss=1.9 dev_err=0.5500 lr_rec=0.002 time=31.0s\n"
         f"dev: %WER {dev:.2f} [ 1 / 2, 0 ins, 0 del, 1 sub ] acwt=0.2 decoder=python rtf=0.003\n"
         f"test: %WER {test:.2f} [ 1 / 2, 0 ins, 0 del, 1 sub ] acwt=0.2 decoder=python rtf=0.003\n")
-    (folder / "log.txt").write_text("12:00:00 machine: 2026-11-26, Some CPU, 2 cores, 1 thread, torch 2.13.0+cpu, device cpu\n"
-                                    "12:00:00 epoch=001 ... (1000 frames/s)\n12:00:30 epoch=002 ... (3000 frames/s)\n")
+    (folder / "log.txt").write_text(f"12:00:00 machine: 2026-11-26, {machine}\n12:00:00 epoch=001 ... ({speeds[0]} frames/s)\n"
+                                    f"12:00:30 epoch=002 ... ({speeds[1]} frames/s)\n")
     (folder / "decode_test").mkdir()
     (folder / "decode_test" / "per_utt").write_text(
         "# utt ref_len errors ins del sub\n" + "".join(f"u{i:02d} 10 {e} 0 0 {e}\n" for i, e in enumerate(errors)))
@@ -268,6 +270,33 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert compare.main(["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study"]) == 1
     assert page.read_text() == "no markers here\n"
     assert compare.main(["table", str(tmp_path / "runs"), "--pairs", "MINI_B"]) == 1
+
+
+def test_the_cost_columns_compare_systems_on_one_machine(tmp_path):
+    """Runs from two machines: every seed counts for the errors, but the training time and frames/s are
+    the means over the machine most runs trained on, and a system with no run there has none."""
+    gpu = "A GPU host, 16 cores, 1 thread, torch 2.11.0+cu130, device Some GPU"
+    rng = np.random.default_rng(4)
+    for seed in (1, 2, 3):
+        on_gpu = seed == 3
+        fake_run(tmp_path / "A" / f"seed{seed}", "MINI_A", "ligru", seed, list(rng.integers(2, 5, 30)), 30, 29 + seed,
+                 **({"machine": gpu, "speeds": (50000, 70000)} if on_gpu else {}))
+        fake_run(tmp_path / "B" / f"seed{seed}", "MINI_B", "libru", seed, list(rng.integers(0, 3, 30)), 20, 19 + seed,
+                 **({"machine": gpu, "speeds": (50000, 70000)} if on_gpu else {"speeds": (2000, 4000)}))
+    fake_run(tmp_path / "C" / "seed1", "MINI_C", "lstm", 1, [3] * 30, 30, 30, machine=gpu, speeds=(9000, 9000))
+    systems = group(find_runs([str(tmp_path / "*")]))
+    machine = compare.cost_machine(systems)
+    assert machine == "Some CPU, 2 cores, 1 thread, torch 2.13.0+cpu, device cpu"  # 4 runs against 3
+    a, b, c = report.rows(systems, ["test"], "MINI_A", "test", replications=200, cost_machine=machine)
+    assert (a.frames_per_second, b.frames_per_second, c.frames_per_second) == (2000, 3000, None)
+    assert c.seconds is None and a.errors["test"] == [30.0, 31.0, 32.0]  # the GPU seed is a seed
+    everything = report.rows(systems, ["test"], "MINI_A", "test", replications=200)
+    assert everything[0].frames_per_second == pytest.approx((2000 + 2000 + 60000) / 3)
+    assert everything[0].versus == {} and everything[1].versus.keys() == b.versus.keys()
+    line = compare.provenance(systems, "compare.py table")
+    assert line.endswith(f"The training time and frames/s are those of the runs on {machine} alone.")
+    assert compare.cost_machine(group(find_runs([str(tmp_path / "A" / "seed[12]")]))) is None  # one machine
+    assert "alone" not in compare.provenance(group(find_runs([str(tmp_path / "A" / "seed[12]")])), "c")
 
 
 def test_claims_take_their_verdicts_from_the_run_level_reading(tmp_path):

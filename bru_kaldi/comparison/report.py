@@ -44,8 +44,14 @@ def _mean(values):
 
 
 def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str], test_set: str,
-         replications: int = statistics.REPLICATIONS) -> list[Row]:
-    """One :class:`Row` per system; ``test_set`` gets the interval and the tests against ``baseline``."""
+         replications: int = statistics.REPLICATIONS, cost_machine: Optional[str] = None) -> list[Row]:
+    """One :class:`Row` per system; ``test_set`` gets the interval and the tests against ``baseline``.
+
+    ``cost_machine`` (a run's ``machine``, "" for runs whose log does not say): the training time and frames/s are the means over that
+    machine's runs alone, so that the cost column compares systems on one machine when the runs of a
+    study come from several (a GPU's minutes beside a CPU's would say nothing); a system with no run
+    there has none. The errors and tests use every run: a seed is a seed wherever it trained.
+    """
     names = [s.name for s in systems]
     if baseline is not None and baseline not in names:
         raise ValueError(f"--baseline {baseline}: no such system; the systems are {', '.join(names)}")
@@ -75,9 +81,10 @@ def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str]
                     "matched_pairs_p": statistics.matched_pairs(base[:, bi], mine[:, mi]).p_value,
                     "sign_p": statistics.sign_test(base[:, bi], mine[:, mi]).p_value,
                 }
+        costed = [r for r in done if cost_machine is None or (r.machine or "") == cost_machine]
         out.append(Row(system.name, system.describe(), _mean([r.parameters for r in done]),
-                       _mean([len(r.epochs) for r in done]), _mean([r.training_seconds for r in done]),
-                       _mean([r.frames_per_second for r in done]), errors, intervals, versus,
+                       _mean([len(r.epochs) for r in done]), _mean([r.training_seconds for r in costed]),
+                       _mean([r.frames_per_second for r in costed]), errors, intervals, versus,
                        failed=len(system.runs) - len(done)))
     return out
 

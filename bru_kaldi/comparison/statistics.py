@@ -20,7 +20,8 @@ uncertainty.
 **Probability of improvement** (:func:`probability_of_improvement`): the fraction of replicates in
 which system B has strictly fewer errors than system A (Kaldi: "probability of hyp2 being better").
 Both systems are scored on the same drawn utterances (the pairing); their seeds are drawn
-independently (seed 1 of one system has nothing to do with seed 1 of another).
+independently, as if seed 1 of one system had nothing to do with seed 1 of another (but see
+**Seeds shared by configs** below).
 
 **Matched pairs** (:func:`matched_pairs`): with ``d_u`` the difference of the two systems' errors on
 utterance ``u`` (averaged over each system's seeds), the NIST MAPSSWE test with every utterance as one
@@ -42,6 +43,16 @@ test set of ``N`` utterances would give, the same quantity as the matched-pairs 
 errors, which still carry part of the seeds' variation: counted twice, it makes the test a little
 conservative. With one seed in either system the training runs' variance is unknown and there is no
 run-level test: a comparison of single runs is not resolved, whatever the utterance-only tests say.
+
+**Seeds shared by configs.** Seed ``k`` of every config draws the same batches in the same order
+(the order comes from ``(seed, epoch, chunk)``), so a seed whose order happens to help or hurt does so
+for every config: in the built-in corpus's study every config's rate halves after the same epoch at
+seed 3 (its fourth, whose dev error does not improve), and seed 3 is one of the two worst of the
+first four or five seeds in eleven of the twelve configs. Treating the two systems' seeds as
+independent, as the tests here do, then overstates the variance of the difference: the run-level test
+and the interval are conservative for such pairs. A test paired by seed would resolve more of those
+pairs, but fewer of those whose seeds' errors do not move together (it has half the degrees of
+freedom), and it needs the same seeds in both systems, which a study under way does not have.
 
 **Power** (:attr:`RunLevelTest.resolvable`, :attr:`RunLevelTest.seeds_needed`): the difference this
 design resolves with probability 0.8 at the level, ``(t_{df, 1 - alpha/2} + t_{df, 0.8}) SE``, and the
