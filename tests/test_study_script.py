@@ -17,13 +17,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "recipes" / "mini_timit" / "run_study.sh"
 
 
-def run_script(tmp_path, *options):
+def run_script(tmp_path, *options, seconds=0):
+    """Run the script with a stand-in python that records each call as a line of tab-separated arguments
+    (one write, so that calls side by side do not mix); with ``seconds``, each call then waits that long
+    and records the line ``ended``."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     calls = tmp_path / "calls"
     fake = bin_dir / "python"
-    fake.write_text(f"#!/bin/sh\nfor a in \"$@\"; do printf '%s\\t' \"$a\"; done >> {shlex.quote(str(calls))}\n"
-                    f"echo >> {shlex.quote(str(calls))}\n")
+    fake.write_text(f"#!/bin/bash\nline=$(printf '%s\\t' \"$@\")\necho \"$line\" >> {shlex.quote(str(calls))}\n"
+                    + (f"sleep {seconds}\necho ended >> {shlex.quote(str(calls))}\n" if seconds else ""))
     fake.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     result = subprocess.run(["bash", str(SCRIPT), "--out", str(tmp_path / "out"), "--archive", str(tmp_path / "kept"),
@@ -93,6 +96,17 @@ def test_a_sweep_stage_copies_back_the_archived_runs_it_lacks_and_keeps_the_fini
     run_script(tmp_path, "--stop-stage", "1")
     assert (out / "seed1" / "config.resolved.cfg").read_text() == (kept / "seed1" / "config.resolved.cfg").read_text()
     assert (out / "seed2" / "mine").is_file() and not (out / "seed2" / "config.resolved.cfg").exists()
+
+
+def test_jobs_all_runs_every_run_of_a_stage_at_once(tmp_path):
+    """--jobs all: each sweep gets as many jobs as it has runs (configs x seeds), and the sweeps of 1- and
+    2-architecture configs run side by side: both start before either ends."""
+    calls = run_script(tmp_path, "--stop-stage", "1", "--seeds", "5,7-8", "--jobs", "all", seconds=1)
+    assert [c[0] for c in calls] == ["compare.py", "compare.py", "ended", "ended"]  # not one after the other
+    jobs = sorted((sum(a.endswith(".cfg") for a in c), c[c.index("--jobs") + 1]) for c in calls[:2])
+    assert jobs == [(1, "3"), (12, "36")]
+    result = subprocess.run(["bash", str(SCRIPT), "--jobs", "most"], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "--jobs (or all)" in result.stderr
 
 
 def test_a_bad_option_value_stops_with_the_usage(tmp_path):

@@ -9,6 +9,8 @@
 #
 #   recipes/mini_timit/run_study.sh                 # everything not yet finished (about 18 h on 2 cores)
 #   recipes/mini_timit/run_study.sh --stage 4       # only the tables and figures, from the runs so far
+#   recipes/mini_timit/run_study.sh --stop-stage 1 --seeds 5 --jobs all   # on a GPU machine: one seed of every
+#                                                   # phone config at once (13 runs, 7.4 min on an H200)
 #
 # The seeds: what the budget (about 15-18 h on 2 cores) affords, not what every pair would need. From the
 # first study's three seeds (their spread, and the test set's scaled from 56 to 192 utterances), resolving
@@ -43,7 +45,7 @@ stop_stage=4
 seeds=1-5
 more_seeds=6-10
 word_seeds=1-5
-jobs=2              # runs at a time, each with cores / jobs threads
+jobs=2              # runs at a time, each with cores / jobs threads; all: every run of a stage at once
 phone_configs=      # the phone configs to sweep, space-separated (default: all of the claims' below)
 out=exp/study_layout2
 archive=results/study_runs/layout2  # the finished runs without weights (stage 4), committed: the study's memory
@@ -62,6 +64,8 @@ Options (defaults in brackets):
   --stage N [$stage]  --stop-stage N [$stop_stage]   first and last stage to run (1-4)
   --seeds LIST [$seeds]   --more-seeds LIST [$more_seeds]   the phone task's two rounds of seeds
   --word-seeds LIST [$word_seeds]   --jobs N [$jobs]   --out DIR [$out]
+  --jobs all   every run of a stage at once, the sweeps of 1- and 2-architecture configs side by side
+  (for a GPU machine)
   --phone-configs "CFG ..." [all of the claims']   a part of the phone configs, e.g. to run two parts at
   once with their own --jobs (two instances must not share a config: both would train the same runs)
   --archive DIR [$archive]   --epochs N [$epochs]   --patience N [$patience]   the schedule's budget and stopping
@@ -73,8 +77,8 @@ USAGE
 # shellcheck disable=SC1091  # --stop-stage N sets stop_stage, and so on
 . "$(dirname "$0")/local/parse_options.sh"
 [ $# -eq 0 ] || usage
-for n in "$stage" "$stop_stage" "$jobs" "$epochs" "$patience"; do
-  case "$n" in ''|*[!0-9]*) echo "$0: Error: --stage, --stop-stage, --jobs, --epochs and --patience take integers, got '$n'" >&2; usage ;; esac
+for n in "$stage" "$stop_stage" "${jobs/#all/1}" "$epochs" "$patience"; do
+  case "$n" in ''|*[!0-9]*) echo "$0: Error: --stage, --stop-stage, --jobs (or all), --epochs and --patience take integers, got '$n'" >&2; usage ;; esac
 done
 
 cd "$(dirname "$0")/../.."  # the repository: compare.py, cfg/ and RESULTS.md are read from there (and
@@ -112,12 +116,22 @@ words=(cfg/MINIW_liBRU.cfg cfg/MINIW_liGRU.cfg cfg/MINIW_LSTM.cfg)
 # The pairs of the claims' tables besides the claims' own (compare.py --claims adds those): the word task's LSTM.
 word_pairs=MINIW_LSTM:MINIW_liGRU
 
+count_seeds() {  # count_seeds LIST: how many seeds a list such as 1-5 or 1,3,6-10 names
+  local total=0 part parts
+  IFS=, read -r -a parts <<< "$1"
+  for part in "${parts[@]}"; do
+    case "$part" in *-*) total=$((total + ${part#*-} - ${part%-*} + 1)) ;; *) total=$((total + 1)) ;; esac
+  done
+  echo "$total"
+}
+
 sweep() {  # sweep SEEDS OUT CONFIG...: compare.py sweep with the study's optimiser and rate in every
   # architecture a config has (each has its own optimiser), so the configs go in one sweep per number
-  # of [architectureN] sections
-  local seeds=$1 to=$2 cfg n i
+  # of [architectureN] sections: one after the other, or side by side with --jobs all
+  local seeds=$1 to=$2 cfg n i at_once failed=0
   shift 2
   local -A by_count=()
+  local pids=()
   for cfg in "$@"; do
     n=$(grep -c '^\[architecture[0-9]' "$cfg")
     by_count[$n]+="$cfg "
@@ -126,8 +140,20 @@ sweep() {  # sweep SEEDS OUT CONFIG...: compare.py sweep with the study's optimi
     local optimiser=()
     for i in $(seq 1 "$n"); do optimiser+=("--architecture$i,opt_bias_correction=True" "--architecture$i,arch_lr=$lr"); done
     # shellcheck disable=SC2086  # the configs' paths have no spaces
-    python compare.py sweep ${by_count[$n]} --seeds "$seeds" --jobs $jobs --out "$to" "${schedule[@]}" "${optimiser[@]}"
+    if [ "$jobs" = all ]; then
+      at_once=$(( $(wc -w <<< "${by_count[$n]}") * $(count_seeds "$seeds") ))
+      python compare.py sweep ${by_count[$n]} --seeds "$seeds" --jobs "$at_once" --out "$to" "${schedule[@]}" \
+        "${optimiser[@]}" &
+      pids+=($!)
+    else
+      python compare.py sweep ${by_count[$n]} --seeds "$seeds" --jobs "$jobs" --out "$to" "${schedule[@]}" "${optimiser[@]}"
+    fi
   done
+  # a stop stops the sweeps run side by side too (each stops its runs, which resume the next time)
+  [ ${#pids[@]} -eq 0 ] || trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; exit 143' TERM INT
+  for i in "${pids[@]}"; do wait "$i" || failed=1; done
+  trap - TERM INT
+  return $failed
 }
 
 if [ $stage -le 1 ] && [ $stop_stage -ge 1 ]; then
