@@ -3,7 +3,8 @@
 
 Usage: python compare.py sweep CFG... [--seeds 1,2,3] [--out DIR] [--baseline NAME] [--jobs N] [--section,option=value ...]
        python compare.py table EXP_DIR_OR_GLOB... [--baseline NAME] [--set test] [--csv F] [--markdown F]
-                               [--plots DIR] [--pairs A:B,...] [--claims F] [--pending-ok] [--section NAME]
+                               [--plots DIR] [--pairs A:B,...] [--claims F [--claims-only]] [--pending-ok]
+                               [--section NAME]
        python compare.py archive EXP_DIR DEST
  e.g.: python compare.py sweep cfg/MINI_liBRU.cfg cfg/MINI_liGRU.cfg --seeds 1,2,3 --baseline MINI_liGRU
        python compare.py table exp/compare --baseline MINI_liGRU --markdown RESULTS.table.md --plots exp/compare/plots
@@ -24,9 +25,9 @@ table  groups experiment folders by config (everything but [exp] seed and out_fo
        resolved), the difference the design resolves with 80 % power and the seeds per system that
        would resolve the observed one; --claims F (tab-separated: claim, the paper's numbers, expects
        better / not worse / worse / not better, SYSTEM:AGAINST) adds each claim's pair and a third table
-       whose verdict, agrees / disagrees / not resolved, is the run-level reading of that pair; --section
-       NAME puts the tables into the marked section of the --markdown file, with the date, machine and
-       command.
+       whose verdict, agrees / disagrees / not resolved, is the run-level reading of that pair
+       (--claims-only: the --markdown file gets that table alone, as README.md's); --section NAME puts
+       the tables into the marked section of the --markdown file, with the date, machine and command.
 archive  copies what `table` reads of each finished run under EXP_DIR (config, res.res, logs, errors per
        utterance, the parameter count; no weights: about 17 kB a run) to DEST/<path below EXP_DIR>, so
        that a study's runs can be committed: `table DEST` gives the same table, and a sweep whose --out
@@ -98,11 +99,12 @@ def provenance(systems, command: str) -> str:
 
 def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plots=None,
           replications=REPLICATIONS, pairs=(), section=None, command="compare.py table", missing_ok=False,
-          claims=()) -> str:
+          claims=(), claims_only=False) -> str:
     """The comparison table of the experiment folders matching ``patterns``; writes the files asked for.
 
     ``pairs``: ``(system, against)`` names, tested pair by pair in a second table. ``claims``
-    (``report.Claim``): a third table, each claim's pair (added to ``pairs``) and verdict. ``section``: with
+    (``report.Claim``): a third table, each claim's pair (added to ``pairs``) and verdict; with
+    ``claims_only`` that table alone goes into ``markdown``. ``section``: with
     ``markdown``, the tables replace the block between ``<!-- compare.py SECTION -->`` and
     ``<!-- /compare.py SECTION -->`` of that file, under a line saying when, where and how they were made.
     """
@@ -116,7 +118,7 @@ def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plo
     if csv:
         write_text_atomically(csv, report.csv_text(rows, test_set, sets))
     if markdown:
-        body = report.markdown(rows, test_set, sets) + tested
+        body = report.claims_markdown(claims, named) if claims_only else report.markdown(rows, test_set, sets) + tested
         if section:
             body = report.splice(Path(markdown).read_text(), section, provenance(systems, command) + "\n\n" + body)
         write_text_atomically(markdown, body + ("" if section else "\n"))
@@ -157,6 +159,8 @@ def parse_arguments(argv):
     shown.add_argument("--pairs", default="", help="SYSTEM:AGAINST,...: each pair tested in a second table")
     shown.add_argument("--claims", type=Path, help="a file of claims (claim, paper, expects, SYSTEM:AGAINST, "
                                                     "tab-separated): their pairs and verdicts in a third table")
+    shown.add_argument("--claims-only", action="store_true", help="with --claims and --markdown F: F gets the claims' "
+                                                                   "table alone")
     shown.add_argument("--pending-ok", action="store_true", help="a pair naming a system with no runs yet is "
                                                                   "shown as pending (a study under way), not an error")
     shown.add_argument("--section", help="with --markdown F: replace that section of F (between "
@@ -179,10 +183,12 @@ def main(argv=None) -> int:
         if args.verb == "table":
             if args.section and not args.markdown:
                 raise ConfigError("--section needs --markdown FILE (the file whose section is replaced)")
+            if args.claims_only and not (args.claims and args.markdown):
+                raise ConfigError("--claims-only needs --claims FILE and --markdown FILE (it says what goes into the latter)")
             print(table(args.folders, args.baseline, args.test_set, args.csv, args.markdown, args.plots,
                         args.replications, parse_pairs(args.pairs), args.section,
                         "python compare.py " + shlex.join(sys.argv[1:] if argv is None else argv), args.pending_ok,
-                        report.read_claims(args.claims) if args.claims else ()))
+                        report.read_claims(args.claims) if args.claims else (), args.claims_only))
             return 0
         if args.verb == "archive":
             copied = archive(args.source, args.destination)

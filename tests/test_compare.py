@@ -320,6 +320,17 @@ def test_claims_take_their_verdicts_from_the_run_level_reading(tmp_path):
     assert verdicts == ["**agrees**", "**disagrees**", "not resolved with 2 / 2 seeds",
                         "not resolved: one seed, run-to-run variance unknown"], rows
     assert "| B beats A | 1 % better | `MINI_B : MINI_A` | -10.00 (" in rows[0]
+    # --claims-only: the page gets the claims' table alone, the same rows, under the command that makes it
+    page = tmp_path / "README.md"
+    page.write_text("<!-- compare.py claims -->\n<!-- /compare.py claims -->\n")
+    argv = ["table", str(tmp_path / "runs"), "--claims", str(claims), "--replications", "200", "--markdown", str(page),
+            "--section", "claims", "--claims-only"]
+    assert compare.main(argv) == 0
+    section = page.read_text().splitlines()
+    assert section[1].startswith("Generated ") and shlex.join(argv) in section[1]
+    assert section[3].startswith("| claim | the paper's numbers |") and section[5:-1] == rows
+    assert compare.main(argv[:-3] + ["--claims-only"]) == 0 and page.read_text().startswith("| claim |")
+    assert compare.main(["table", str(tmp_path / "runs"), "--claims-only", "--markdown", str(page)]) == 1
     claims.write_text("claim\tpaper\texpects\tpair\nB beats A\t1 %\tfaster\tMINI_B:MINI_A\n")
     with pytest.raises(ValueError, match=r"claims.tsv:2: expected 4 tab-separated fields.*got 'B beats A"):
         report.read_claims(claims)

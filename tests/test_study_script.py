@@ -80,10 +80,15 @@ def test_stage_4_archives_the_runs_and_makes_the_tables_with_the_claims(tmp_path
     calls = run_script(tmp_path, "--stage", "4")
     archives = [c for c in calls if c[:2] == ["compare.py", "archive"]]
     assert [c[2:] for c in archives] == [[str(tmp_path / "out" / "phones"), str(kept / "phones")]]
-    (table,) = [c for c in calls if c[:2] == ["compare.py", "table"]]  # no word runs: the phone table alone
-    assert table[2] == str(kept / "phones") and table[table.index("--claims") + 1] == "results/claims_phones.tsv"
-    assert table[table.index("--section") + 1] == "study-layout2-phones"
-    assert "study-layout2-phones -->" in (ROOT / "RESULTS.md").read_text()  # where the table goes
+    # no word runs: the phone tables alone, into RESULTS.md, and the claims' table from the same runs into README.md
+    table, readme = [c for c in calls if c[:2] == ["compare.py", "table"]]
+    for made in (table, readme):
+        assert made[2] == str(kept / "phones") and made[made.index("--claims") + 1] == "results/claims_phones.tsv"
+    assert table[table.index("--section") + 1] == "study-layout2-phones" and "--claims-only" not in table
+    assert readme[readme.index("--markdown") + 1:readme.index("--markdown") + 3] == ["README.md", "--section"]
+    assert readme[readme.index("--section") + 1] == "claims-phones" and "--claims-only" in readme
+    assert "study-layout2-phones -->" in (ROOT / "RESULTS.md").read_text()  # where the tables go
+    assert "<!-- compare.py claims-phones -->" in (ROOT / "README.md").read_text()
 
 
 def test_a_sweep_stage_copies_back_the_archived_runs_it_lacks_and_keeps_the_finished_ones(tmp_path):

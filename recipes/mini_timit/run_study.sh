@@ -33,7 +33,8 @@
 #   3 more     the phone configs at seeds 6-10
 #   4 tables   compare.py archive of the finished runs (no weights) into <archive> (results/study_runs/layout2,
 #              committed); compare.py table of that, with the claims, into RESULTS.md's generated
-#              sections study-layout2-phones and -words; figures into results/study_layout2_*
+#              sections study-layout2-phones and -words, the claims' table alone into README.md's
+#              claims-phones and -words; figures into results/study_layout2_*
 # A study can take several sittings on several clones: stages 1-2 first copy into <out> the archived
 # runs it lacks, so that the sweeps skip them. (The first study, three seeds on the corpus's first
 # layout, is archived in results/study_runs/{phones,words,phones_plain}; RESULTS.md prints the command
@@ -179,12 +180,17 @@ if [ $stage -le 4 ] && [ $stop_stage -ge 4 ]; then
   for task in phones words; do
     [ -d "$out/$task" ] && python compare.py archive "$out/$task" "$kept/$task"
   done
+  # RESULTS.md gets the tables, README.md the claims' verdicts alone, from the same runs
   if [ -d $kept/phones ]; then
     python compare.py table $kept/phones --baseline MINI_liGRU --claims results/claims_phones.tsv --pending-ok \
       --markdown RESULTS.md --section study-layout2-phones --plots results/study_layout2_phones
+    python compare.py table $kept/phones --claims results/claims_phones.tsv --pending-ok --markdown README.md \
+      --section claims-phones --claims-only > /dev/null
   fi
   if [ -d $kept/words ]; then
     python compare.py table $kept/words --baseline MINIW_liGRU --pairs $word_pairs --claims results/claims_words.tsv \
       --pending-ok --markdown RESULTS.md --section study-layout2-words --plots results/study_layout2_words
+    python compare.py table $kept/words --claims results/claims_words.tsv --pending-ok --markdown README.md \
+      --section claims-words --claims-only > /dev/null
   fi
 fi
