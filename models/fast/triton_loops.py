@@ -46,6 +46,11 @@ BLOCK_H: Optional[int] = None
 BLOCK_K: Optional[int] = None
 NUM_WARPS: Optional[int] = None
 
+# Compiler options every compiled launch names rather than leaving to Triton's defaults: multiply-adds
+# fused into FMAs, as every Triton before 3.10 does by default (3.10 turns it off). The kernels' accuracy
+# (tests/test_fast_recurrences.py) and speed (RESULTS.md) were measured so.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
+
 # Kernel name -> launches in this process (the tests check that a path really runs the kernels).
 LAUNCHES: collections.Counter = collections.Counter()
 
@@ -160,7 +165,7 @@ def _launch(kernels, kernel, steps: int, B: int, H: int, device, interpret: bool
     stepwise = interpret and unit_blocks > 1
     meta = dict(BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=block_k, SYNC=not stepwise, **constants)
     if not interpret:
-        meta["num_warps"] = NUM_WARPS or 4
+        meta.update(num_warps=NUM_WARPS or 4, **COMPILE_OPTIONS)
     counters = torch.zeros(row_blocks, dtype=torch.int32, device=device)
     for first in range(0, row_blocks, per_launch):
         grid = (unit_blocks, min(per_launch, row_blocks - first))
@@ -338,7 +343,7 @@ class ScanOps:
     def _run(self, kernel, example, N, *args, **constants):
         try:
             grid = (-(-N // self.BLOCK),)
-            meta = {} if self.kernels.INTERPRET else {"num_warps": 4}
+            meta = {} if self.kernels.INTERPRET else {"num_warps": 4, **COMPILE_OPTIONS}
             LAUNCHES[kernel.fn.__name__] += 1
             kernel[grid](*args, BLOCK=self.BLOCK, **constants, **meta)
             return True
