@@ -22,8 +22,8 @@ table  groups experiment folders by config (everything but [exp] seed and out_fo
        how much another training run would differ (bru_kaldi/comparison/statistics.py says exactly how).
        --pairs A:B,C:D tests chosen pairs in a second table (A against B...) with a verdict from the
        run-level test alone: better, worse, or not resolved with the seeds run (one seed: never
-       resolved), the difference the design resolves with 80 % power and the seeds per system that
-       would resolve the observed one; --claims F (tab-separated: claim, the paper's numbers, expects
+       resolved), the difference the design resolves with 80 % power, the seeds per system that
+       would resolve the observed one, and what unlimited seeds would resolve (the test set's floor); --claims F (tab-separated: claim, the paper's numbers, expects
        better / not worse / worse / not better, SYSTEM:AGAINST) adds each claim's pair and a third table
        whose verdict, agrees / disagrees / not resolved, is the run-level reading of that pair
        (--claims-only: the --markdown file gets that table alone, as README.md's); --section NAME puts

@@ -108,6 +108,7 @@ def test_run_level_test_when_the_seeds_disagree():
 
     assert test.resolvable == pytest.approx(detectable(3))
     assert detectable(60) > 0.2 / 3 >= detectable(61) and test.seeds_needed == 61
+    assert test.floor == pytest.approx(0, abs=1e-12)  # the utterances agree: unlimited seeds resolve anything
 
 
 def test_run_level_test_when_every_seed_agrees():
@@ -134,6 +135,8 @@ def test_run_level_test_when_every_seed_agrees():
     assert (test.low, test.high) == (pytest.approx(test.difference - half), pytest.approx(test.difference + half))
     assert test.resolvable == pytest.approx((scipy_stats.t.ppf(0.975, df) + scipy_stats.t.ppf(0.8, df)) * se)
     assert test.seeds_needed == 2
+    # unlimited seeds: the test set's part alone, with N - 1 = 3 degrees of freedom
+    assert test.floor == pytest.approx((scipy_stats.t.ppf(0.975, 3) + scipy_stats.t.ppf(0.8, 3)) * math.sqrt(v_u))
     assert statistics.run_level(a, a, lengths).reading() == "not resolved with 3 / 3 seeds"
 
 
@@ -245,7 +248,7 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     (unfinished / "res.res").write_text("".join((unfinished / "res.res").read_text().splitlines(True)[:2]))
     (pending,) = report.pairs(group(find_runs([str(tmp_path / "runs" / "*"), str(unfinished)])),
                               [("MINI_D", "MINI_A")], "test")
-    assert "| MINI_D | MINI_A | 0 / 2 | - | 31.50 | | no finished run of both yet |" + " |" * 8 in \
+    assert "| MINI_D | MINI_A | 0 / 2 | - | 31.50 | | no finished run of both yet |" + " |" * 9 in \
         report.pairs_markdown([pending], "test")
 
     page = tmp_path / "RESULTS.md"

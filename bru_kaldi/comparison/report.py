@@ -210,7 +210,7 @@ def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set
 
 PAIR_HEADERS = ("system", "against", "seeds", "{set} error", "against's", "difference", "95 % interval (runs)",
                 "relative (95 % interval)", "P(better)", "run-level p", "utterance-only p (matched pairs)", "utterance-only p (sign test)",
-                "at 5 % (run level)", "resolvable at 80 % power", "seeds needed")
+                "at 5 % (run level)", "resolvable at 80 % power", "seeds needed", "resolvable with unlimited seeds")
 
 
 def pairs_markdown(table: Sequence[Pair], test_set: str) -> str:
@@ -218,23 +218,23 @@ def pairs_markdown(table: Sequence[Pair], test_set: str) -> str:
     interval, the tests (the run-level one first; the others see only utterances), the verdict at 5 %
     from the run-level test, the difference the design resolves with 80 % power and the seeds per system
     that would resolve the observed one (``statistics.run_level``; "-" where no number of seeds would,
-    on this test set). The relative difference is the difference and its run-level interval divided by
+    on this test set), and what unlimited seeds would resolve on this test set (its floor). The relative difference is the difference and its run-level interval divided by
     the against system's mean error, which is taken as fixed (Kaldi's "relative WER reduction")."""
     lines = ["| " + " | ".join(h.format(set=test_set) for h in PAIR_HEADERS) + " |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for p in table:
         v, seeds = p.versus, f"{p.seeds[0]} / {p.seeds[1]}"
         if not v:
             lines.append(f"| {p.system} | {p.against} | {seeds} | {_or_dash(p.system_error)} | "
-                         f"{_or_dash(p.against_error)} | | no finished run of both yet |" + " |" * 8)
+                         f"{_or_dash(p.against_error)} | | no finished run of both yet |" + " |" * 9)
             continue
         test = v["run_level"]
         if test is None:
-            runs = ["", "", "one seed", "", ""]
+            runs = ["", "", "one seed", "", "", ""]
         else:
             runs = [f"{100 * test.low:+.2f} to {100 * test.high:+.2f}", f"{v['probability_of_improvement']:.3f}",
                     f"{test.p_value:.3g}", f"{100 * test.resolvable:.2f}",
-                    "-" if test.seeds_needed is None else str(test.seeds_needed)]
+                    "-" if test.seeds_needed is None else str(test.seeds_needed), f"{100 * test.floor:.2f}"]
         if test is None:
             runs[1] = f"{v['probability_of_improvement']:.3f}"
         difference = p.system_error - p.against_error
@@ -243,7 +243,7 @@ def pairs_markdown(table: Sequence[Pair], test_set: str) -> str:
             relative += f" ({_relative(100 * test.low, p.against_error)} to {_relative(100 * test.high, p.against_error)})"
         cells = [p.system, p.against, seeds, f"{p.system_error:.2f}", f"{p.against_error:.2f}",
                  f"{difference:+.2f}", runs[0], relative, runs[1], runs[2], f"{v['matched_pairs_p']:.3g}",
-                 f"{v['sign_p']:.3g}", p.reading(), runs[3], runs[4]]
+                 f"{v['sign_p']:.3g}", p.reading(), runs[3], runs[4], runs[5]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -58,7 +58,9 @@ freedom), and it needs the same seeds in both systems, which a study under way d
 design resolves with probability 0.8 at the level, ``(t_{df, 1 - alpha/2} + t_{df, 0.8}) SE``, and the
 seeds per system with which the observed difference would be resolved with that probability, if the
 variances observed are the true ones (the training runs' part shrinks as ``1 / S``, the test set's
-does not: a difference below its floor needs a larger test set, not more seeds: ``None``). Planning
+does not: a difference below its floor needs a larger test set, not more seeds: ``None``). The floor
+(:attr:`RunLevelTest.floor`) is what unlimited seeds would resolve: the same formula with the test
+set's variance alone and ``N - 1`` degrees of freedom. Planning
 figures, from three seeds' variances: rough.
 
 >>> import numpy as np
@@ -194,6 +196,7 @@ class RunLevelTest:
     resolvable: float  # the difference this design resolves with probability `power` at the level
     seeds_needed: Optional[int]  # seeds per system to resolve `difference` so; None: no number of seeds does
     seeds: tuple[int, int]
+    floor: float = 0.0  # what unlimited seeds would resolve so: the test set's part alone
 
     def reading(self, alpha: float = 0.05) -> str:
         """``better``/``worse`` (B than A) where this test says so at ``alpha``, else ``not resolved``."""
@@ -251,5 +254,5 @@ def run_level(errors_a, errors_b, lengths, alpha: float = 0.05, power: float = 0
         if difference else None
     return RunLevelTest(difference, math.sqrt(variance), sum(v for v, _ in seed_parts), utterance_part[0], df,
                         statistic, p_value, difference - half, difference + half, _detectable(variance, df, alpha, power),
-                        seeds_needed, sizes)
+                        seeds_needed, sizes, _detectable(*utterance_part, alpha, power))
 

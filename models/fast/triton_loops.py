@@ -45,11 +45,8 @@ GATES = {"bru": 1, "libru": 2, "ligru": 2, "rnn_tanh": 1, "rnn_relu": 1, "gru": 
 BLOCK_H: Optional[int] = None
 BLOCK_K: Optional[int] = None
 NUM_WARPS: Optional[int] = None
-
-# Compiler options every compiled launch names rather than leaving to Triton's defaults: multiply-adds
-# fused into FMAs, as every Triton before 3.10 does by default (3.10 turns it off). The kernels' accuracy
-# (tests/test_fast_recurrences.py) and speed (RESULTS.md) were measured so.
-COMPILE_OPTIONS = {"enable_fp_fusion": True}
+# Named at every compiled launch, not left to Triton's defaults: FMAs (the default before Triton 3.10),
+COMPILE_OPTIONS = {"enable_fp_fusion": True}  # with which the kernels' accuracy and speed were measured
 
 # Kernel name -> launches in this process (the tests check that a path really runs the kernels).
 LAUNCHES: collections.Counter = collections.Counter()
