@@ -47,10 +47,11 @@ def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str]
          replications: int = statistics.REPLICATIONS, cost_machine: Optional[str] = None) -> list[Row]:
     """One :class:`Row` per system; ``test_set`` gets the interval and the tests against ``baseline``.
 
-    ``cost_machine`` (a run's ``machine``, "" for runs whose log does not say): the training time and frames/s are the means over that
-    machine's runs alone, so that the cost column compares systems on one machine when the runs of a
-    study come from several (a GPU's minutes beside a CPU's would say nothing); a system with no run
-    there has none. The errors and tests use every run: a seed is a seed wherever it trained.
+    ``cost_machine`` (a run's ``machine``, "" for runs whose log does not say): the training time and
+    frames/s are the means over that machine's runs alone, so that the cost columns compare systems on
+    one machine when the runs of a study come from several (a GPU's minutes beside a CPU's would say
+    nothing); a system with no run there has none. The errors and tests use every run: a seed is a seed
+    wherever it trained.
     """
     names = [s.name for s in systems]
     if baseline is not None and baseline not in names:
@@ -218,8 +219,9 @@ def pairs_markdown(table: Sequence[Pair], test_set: str) -> str:
     interval, the tests (the run-level one first; the others see only utterances), the verdict at 5 %
     from the run-level test, the difference the design resolves with 80 % power and the seeds per system
     that would resolve the observed one (``statistics.run_level``; "-" where no number of seeds would,
-    on this test set), and what unlimited seeds would resolve on this test set (its floor). The relative difference is the difference and its run-level interval divided by
-    the against system's mean error, which is taken as fixed (Kaldi's "relative WER reduction")."""
+    on this test set), and what unlimited seeds would resolve on this test set (its floor). The relative
+    difference is the difference and its run-level interval divided by the against system's mean error,
+    which is taken as fixed (Kaldi's "relative WER reduction")."""
     lines = ["| " + " | ".join(h.format(set=test_set) for h in PAIR_HEADERS) + " |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for p in table:

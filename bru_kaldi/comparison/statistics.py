@@ -60,8 +60,8 @@ seeds per system with which the observed difference would be resolved with that 
 variances observed are the true ones (the training runs' part shrinks as ``1 / S``, the test set's
 does not: a difference below its floor needs a larger test set, not more seeds: ``None``). The floor
 (:attr:`RunLevelTest.floor`) is what unlimited seeds would resolve: the same formula with the test
-set's variance alone and ``N - 1`` degrees of freedom. Planning
-figures, from three seeds' variances: rough.
+set's variance alone and ``N - 1`` degrees of freedom. Planning figures, from a few seeds' variances:
+rough.
 
 >>> import numpy as np
 >>> a = np.array([[1, 0, 2, 1]]); b = np.array([[0, 0, 1, 1]]); n = np.array([5, 5, 5, 5])
@@ -196,7 +196,7 @@ class RunLevelTest:
     resolvable: float  # the difference this design resolves with probability `power` at the level
     seeds_needed: Optional[int]  # seeds per system to resolve `difference` so; None: no number of seeds does
     seeds: tuple[int, int]
-    floor: float = 0.0  # what unlimited seeds would resolve so: the test set's part alone
+    floor: float  # what unlimited seeds would resolve so: the test set's part alone
 
     def reading(self, alpha: float = 0.05) -> str:
         """``better``/``worse`` (B than A) where this test says so at ``alpha``, else ``not resolved``."""
