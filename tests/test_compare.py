@@ -100,6 +100,8 @@ def test_run_level_test_when_the_seeds_disagree():
     assert (test.statistic, test.p_value) == (pytest.approx(welch.statistic), pytest.approx(welch.pvalue))
     assert test.p_value == pytest.approx(0.567, abs=0.002)
     assert test.reading() == "not resolved with 3 / 3 seeds"
+    # B's seeds first, as the pairs table's column "seeds" (system / against)
+    assert statistics.run_level(a, b[:2], lengths).reading() == "not resolved with 2 / 3 seeds"
 
     def detectable(n):  # with n seeds each, the variances as observed: (t_.975 + t_.8) SE at the Welch df
         parts = [v_a * 3 / n, v_b * 3 / n]

@@ -199,10 +199,11 @@ class RunLevelTest:
     floor: float  # what unlimited seeds would resolve so: the test set's part alone
 
     def reading(self, alpha: float = 0.05) -> str:
-        """``better``/``worse`` (B than A) where this test says so at ``alpha``, else ``not resolved``."""
+        """``better``/``worse`` (B than A) where this test says so at ``alpha``, else ``not resolved with
+        S_B / S_A seeds`` (B's first, as the pairs table's column "seeds": system / against)."""
         if self.p_value < alpha:
             return f"{'better' if self.difference < 0 else 'worse'} (p < {alpha:g})"
-        return f"not resolved with {self.seeds[0]} / {self.seeds[1]} seeds"
+        return f"not resolved with {self.seeds[1]} / {self.seeds[0]} seeds"
 
 
 MAX_SEEDS = 1000  # the search for the seeds a difference needs stops here
