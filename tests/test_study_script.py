@@ -132,3 +132,22 @@ def test_phone_configs_restricts_the_phone_sweeps_and_refuses_a_missing_file(tmp
     missing = subprocess.run(["bash", str(SCRIPT), "--phone-configs", "cfg/MINI_nothing.cfg"], capture_output=True,
                              text=True, timeout=60)
     assert missing.returncode == 1 and "--phone-configs: no config file cfg/MINI_nothing.cfg" in missing.stderr
+
+
+def test_readmes_claims_are_resultss_claims():
+    """README.md's claims tables are RESULTS.md's, row for row: both are written by stage 4 from the same
+    archived runs, so a hand edit of one, or one regenerated without the other, fails here."""
+    def section(page, name):
+        text = (ROOT / page).read_text()
+        return text.split(f"<!-- compare.py {name} -->\n", 1)[1].split(f"<!-- /compare.py {name} -->", 1)[0]
+
+    def claim_rows(text):  # the claims' table: its header line and every table line after it
+        lines = text.splitlines()
+        start = next((i for i, line in enumerate(lines) if line.startswith("| claim | the paper's numbers |")),
+                     len(lines))
+        return [line for line in lines[start:] if line.startswith("| ")]
+
+    for task in ("phones", "words"):
+        in_readme = claim_rows(section("README.md", f"claims-{task}"))
+        assert in_readme == claim_rows(section("RESULTS.md", f"study-layout2-{task}")), task
+    assert len(claim_rows(section("README.md", "claims-phones"))) == 12  # header, rule, ten claims
