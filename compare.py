@@ -23,8 +23,9 @@ table  groups experiment folders by config (everything but [exp] seed and out_fo
        --pairs A:B,C:D tests chosen pairs in a second table (A against B...) with a verdict from the
        run-level test alone: better, worse, or not resolved with the seeds run (one seed: never
        resolved), the difference the design resolves with 80 % power, the seeds per system that
-       would resolve the observed one, and what unlimited seeds would resolve (the test set's floor); --claims F (tab-separated: claim, the paper's numbers, expects
-       better / not worse / worse / not better, SYSTEM:AGAINST) adds each claim's pair and a third table
+       would resolve the observed one, and what unlimited seeds would resolve (the test set's floor);
+       --claims F (tab-separated: claim, the paper's numbers, expects better / not worse / worse /
+       not better, SYSTEM:AGAINST) adds each claim's pair and a third table
        whose verdict, agrees / disagrees / not resolved, is the run-level reading of that pair
        (--claims-only: the --markdown file gets that table alone, as README.md's); --section NAME puts
        the tables into the marked section of the --markdown file, with the date, machine and command.
@@ -94,7 +95,7 @@ def provenance(systems, command: str) -> str:
             f"({os.cpu_count()} cores): {len(systems)} systems, {len(runs)} finished runs, "
             f"{hours:.1f} h of training in all" + (f"; trained on {trained}." if runs else ".")
             + (f" The training time and frames/s are those of the runs on {costed or 'a machine not recorded'} "
-               "alone." if len(machines) > 1 else ""))
+               "alone." if costed is not None else ""))
 
 
 def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plots=None,
