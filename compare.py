@@ -3,8 +3,8 @@
 
 Usage: python compare.py sweep CFG... [--seeds 1,2,3] [--out DIR] [--baseline NAME] [--jobs N] [--section,option=value ...]
        python compare.py table EXP_DIR_OR_GLOB... [--baseline NAME] [--set test] [--csv F] [--markdown F]
-                               [--plots DIR] [--pairs A:B,...] [--claims F [--claims-only]] [--pending-ok]
-                               [--section NAME]
+                               [--plots DIR] [--pairs A:B,...] [--target POINTS] [--claims F [--claims-only]]
+                               [--pending-ok] [--section NAME]
        python compare.py archive EXP_DIR DEST
  e.g.: python compare.py sweep cfg/MINI_liBRU.cfg cfg/MINI_liGRU.cfg --seeds 1,2,3 --baseline MINI_liGRU
        python compare.py table exp/compare --baseline MINI_liGRU --markdown RESULTS.table.md --plots exp/compare/plots
@@ -24,6 +24,8 @@ table  groups experiment folders by config (everything but [exp] seed and out_fo
        run-level test alone: better, worse, or not resolved with the seeds run (one seed: never
        resolved), the difference the design resolves with 80 % power, the seeds per system that
        would resolve the observed one, and what unlimited seeds would resolve (the test set's floor);
+       --target POINTS adds the seeds per system that would resolve a difference of POINTS (a study's
+       plan: how many seeds to run);
        --claims F (tab-separated: claim, the paper's numbers, expects better / not worse / worse /
        not better, SYSTEM:AGAINST) adds each claim's pair and a third table
        whose verdict, agrees / disagrees / not resolved, is the run-level reading of that pair
@@ -100,12 +102,13 @@ def provenance(systems, command: str) -> str:
 
 def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plots=None,
           replications=REPLICATIONS, pairs=(), section=None, command="compare.py table", missing_ok=False,
-          claims=(), claims_only=False) -> str:
+          claims=(), claims_only=False, target=None) -> str:
     """The comparison table of the experiment folders matching ``patterns``; writes the files asked for.
 
     ``pairs``: ``(system, against)`` names, tested pair by pair in a second table. ``claims``
     (``report.Claim``): a third table, each claim's pair (added to ``pairs``) and verdict; with
-    ``claims_only`` that table alone goes into ``markdown``. ``section``: with
+    ``claims_only`` that table alone goes into ``markdown``. ``target`` (points): the pairs table gives
+    the seeds per system that would resolve that difference. ``section``: with
     ``markdown``, the tables replace the block between ``<!-- compare.py SECTION -->`` and
     ``<!-- /compare.py SECTION -->`` of that file, under a line saying when, where and how they were made.
     """
@@ -113,8 +116,8 @@ def table(patterns, baseline=None, test_set="test", csv=None, markdown=None, plo
     sets = ["dev", test_set] if test_set != "dev" else ["dev"]
     rows = report.rows(systems, sets, baseline, test_set, replications, cost_machine(systems))
     pairs = list(dict.fromkeys(list(pairs) + [(c.system, c.against) for c in claims]))
-    named = report.pairs(systems, pairs, test_set, replications, missing_ok) if pairs else []
-    tested = ("\n\n" + report.pairs_markdown(named, test_set) if named else "") + (
+    named = report.pairs(systems, pairs, test_set, replications, missing_ok, target) if pairs else []
+    tested = ("\n\n" + report.pairs_markdown(named, test_set, target) if named else "") + (
         "\n\n" + report.claims_markdown(claims, named) if claims else "")
     if csv:
         write_text_atomically(csv, report.csv_text(rows, test_set, sets))
@@ -158,6 +161,8 @@ def parse_arguments(argv):
     shown.add_argument("--plots", type=Path)
     shown.add_argument("--replications", type=int, default=REPLICATIONS)
     shown.add_argument("--pairs", default="", help="SYSTEM:AGAINST,...: each pair tested in a second table")
+    shown.add_argument("--target", type=float, help="POINTS: the pairs table gives the seeds per system that "
+                                                    "would resolve a difference of POINTS (error rate points)")
     shown.add_argument("--claims", type=Path, help="a file of claims (claim, paper, expects, SYSTEM:AGAINST, "
                                                     "tab-separated): their pairs and verdicts in a third table")
     shown.add_argument("--claims-only", action="store_true", help="with --claims and --markdown F: F gets the claims' "
@@ -189,7 +194,7 @@ def main(argv=None) -> int:
             print(table(args.folders, args.baseline, args.test_set, args.csv, args.markdown, args.plots,
                         args.replications, parse_pairs(args.pairs), args.section,
                         "python compare.py " + shlex.join(sys.argv[1:] if argv is None else argv), args.pending_ok,
-                        report.read_claims(args.claims) if args.claims else (), args.claims_only))
+                        report.read_claims(args.claims) if args.claims else (), args.claims_only, args.target))
             return 0
         if args.verb == "archive":
             copied = archive(args.source, args.destination)

@@ -110,6 +110,11 @@ def test_run_level_test_when_the_seeds_disagree():
 
     assert test.resolvable == pytest.approx(detectable(3))
     assert detectable(60) > 0.2 / 3 >= detectable(61) and test.seeds_needed == 61
+    # a study's plan: the seeds that resolve a chosen difference, 0.1 here (the first n reaching it)
+    planned = statistics.run_level(a, b, lengths, target=0.1)
+    assert detectable(27) > 0.1 >= detectable(28) and (planned.target, planned.seeds_for_target) == (0.1, 28)
+    assert planned.seeds_needed == 61 and test.seeds_for_target is None  # no target asked
+    assert statistics.run_level(a, b, lengths, target=-0.1).seeds_for_target == 28  # either side
     assert test.floor == pytest.approx(0, abs=1e-12)  # the utterances agree: unlimited seeds resolve anything
 
 
@@ -139,6 +144,9 @@ def test_run_level_test_when_every_seed_agrees():
     assert test.seeds_needed == 2
     # unlimited seeds: the test set's part alone, with N - 1 = 3 degrees of freedom
     assert test.floor == pytest.approx((scipy_stats.t.ppf(0.975, 3) + scipy_stats.t.ppf(0.8, 3)) * math.sqrt(v_u))
+    # a target below the floor: no number of seeds resolves it on this test set
+    assert statistics.run_level(a, b, lengths, target=0.9 * test.floor).seeds_for_target is None
+    assert statistics.run_level(a, b, lengths, target=test.floor * 1.5).seeds_for_target >= 2
     assert statistics.run_level(a, a, lengths).reading() == "not resolved with 3 / 3 seeds"
 
 
@@ -235,6 +243,14 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert row[7] == f"-31.7 % ({1e4 * test.low / 31.5:+.1f} % to {1e4 * test.high / 31.5:+.1f} %)"
     assert row[9:13] == [f"{b_vs_a.versus['run_level'].p_value:.3g}", f"{b_vs_a.versus['matched_pairs_p']:.3g}",
                          f"{b_vs_a.versus['sign_p']:.3g}", "better (p < 0.05)"]
+    # --target: the seeds for that difference, a column before the floor; the other cells stay put
+    (planned,) = report.pairs(systems, [("MINI_B", "MINI_A")], "test", replications=400, target=7.5)
+    table = report.pairs_markdown([planned], "test", target=7.5).splitlines()
+    assert table[0].split(" | ")[-2:] == ["seeds for 7.5 points", "resolvable with unlimited seeds |"]
+    assert len(table[1].split(" | ")) == len(table[0].split(" | ")) == len(table[2].split(" | ")) == len(row) + 1
+    assert table[2].split(" | ")[:-2] == row[:-1]
+    assert planned.versus["run_level"].target == pytest.approx(0.075)  # points in, a fraction to the test
+    assert table[2].split(" | ")[-2] == str(planned.versus["run_level"].seeds_for_target) != "None"
     one_seed = report.pairs(group(find_runs([str(tmp_path / "runs" / "*" / "seed1")])), [("MINI_B", "MINI_A")], "test",
                             replications=400)[0]
     assert one_seed.versus["matched_pairs_p"] < 0.05  # the utterances alone would call it, the runs cannot
@@ -256,8 +272,9 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     page = tmp_path / "RESULTS.md"
     page.write_text("# Results\nabove\n<!-- compare.py study -->\nstale table\n<!-- /compare.py study -->\nbelow\n")
     assert compare.main(["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study",
-                         "--pairs", "MINI_B:MINI_A", "--replications", "200"]) == 0
+                         "--pairs", "MINI_B:MINI_A", "--replications", "200", "--target", "7.5"]) == 0
     text = page.read_text()
+    assert "| seeds for 7.5 points | resolvable with unlimited seeds |" in text
     assert text.startswith("# Results\nabove\n<!-- compare.py study -->\nGenerated ") and text.endswith(
         "<!-- /compare.py study -->\nbelow\n")
     assert "stale table" not in text and "3 systems, 6 finished runs, 0.1 h of training in all; trained on " \

@@ -39,8 +39,10 @@ def run_script(tmp_path, *options, seconds=0):
 def test_the_stages_sweep_the_claims_configs_and_the_word_task_then_make_the_tables(tmp_path):
     calls = run_script(tmp_path)
     verbs = [(c[0], c[1]) for c in calls]
-    assert verbs == [("compare.py", "sweep")] * 5  # nothing archived or run: no table yet
-    # seeds 1-5 of both tasks first, then the phone task's seeds 6-10: five seeds everywhere before more
+    assert verbs == [("compare.py", "sweep")] * 3  # nothing archived or run: no table yet; no stage 3 unasked
+    # asked for more phone seeds, stage 3 sweeps them after seeds 1-5 of both tasks, as stage 1 did
+    calls = run_script(tmp_path, "--more-seeds", "6-10")[3:]
+    assert [(c[0], c[1]) for c in calls] == [("compare.py", "sweep")] * 5
     phones, phones_stacked, words, more, more_stacked = calls
     def seeds_of(sweep):
         return sweep[sweep.index("--seeds") + 1]
@@ -85,6 +87,7 @@ def test_stage_4_archives_the_runs_and_makes_the_tables_with_the_claims(tmp_path
     for made in (table, readme):
         assert made[2] == str(kept / "phones") and made[made.index("--claims") + 1] == "results/claims_phones.tsv"
     assert table[table.index("--section") + 1] == "study-layout2-phones" and "--claims-only" not in table
+    assert table[table.index("--target") + 1] == "1.5"  # the seeds the study's aim would take, per pair
     assert readme[readme.index("--markdown") + 1:readme.index("--markdown") + 3] == ["README.md", "--section"]
     assert readme[readme.index("--section") + 1] == "claims-phones" and "--claims-only" in readme
     assert "study-layout2-phones -->" in (ROOT / "RESULTS.md").read_text()  # where the tables go

@@ -44,14 +44,16 @@ def _mean(values):
 
 
 def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str], test_set: str,
-         replications: int = statistics.REPLICATIONS, cost_machine: Optional[str] = None) -> list[Row]:
+         replications: int = statistics.REPLICATIONS, cost_machine: Optional[str] = None,
+         target: Optional[float] = None) -> list[Row]:
     """One :class:`Row` per system; ``test_set`` gets the interval and the tests against ``baseline``.
 
     ``cost_machine`` (a run's ``machine``, "" for runs whose log does not say): the training time and
     frames/s are the means over that machine's runs alone, so that the cost columns compare systems on
     one machine when the runs of a study come from several (a GPU's minutes beside a CPU's would say
     nothing); a system with no run there has none. The errors and tests use every run: a seed is a seed
-    wherever it trained.
+    wherever it trained. ``target`` (points): the difference whose seeds the run-level tests give
+    (``statistics.run_level``).
     """
     names = [s.name for s in systems]
     if baseline is not None and baseline not in names:
@@ -78,7 +80,8 @@ def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str]
                 versus = {
                     "probability_of_improvement": statistics.probability_of_improvement(base[:, bi], mine[:, mi], lengths,
                                                                                         replications),
-                    "run_level": statistics.run_level(base[:, bi], mine[:, mi], lengths),
+                    "run_level": statistics.run_level(base[:, bi], mine[:, mi], lengths,
+                                                    target=None if target is None else target / 100),
                     "matched_pairs_p": statistics.matched_pairs(base[:, bi], mine[:, mi]).p_value,
                     "sign_p": statistics.sign_test(base[:, bi], mine[:, mi]).p_value,
                 }
@@ -182,10 +185,11 @@ class Pair:
 
 
 def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set: str,
-          replications: int = statistics.REPLICATIONS, missing_ok: bool = False) -> list[Pair]:
+          replications: int = statistics.REPLICATIONS, missing_ok: bool = False,
+          target: Optional[float] = None) -> list[Pair]:
     """A :class:`Pair` for each ``(system, against)`` of ``wanted`` (names of ``systems``). A name that is
     not one of them is an error, or with ``missing_ok`` (a study whose later runs have not started) a
-    pair without results."""
+    pair without results. ``target`` (points): as :func:`rows`'."""
     by_name = {s.name: s for s in systems}
     out = []
 
@@ -204,7 +208,8 @@ def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set
         if missing:
             raise ValueError(f"--pairs {name}:{against}: no system {', '.join(missing)}; the systems are "
                              f"{', '.join(by_name)}")
-        mine, base = rows([by_name[name], by_name[against]], [test_set], against, test_set, replications)
+        mine, base = rows([by_name[name], by_name[against]], [test_set], against, test_set, replications,
+                          target=target)
         out.append(Pair(name, against, _mean(mine.errors[test_set]), _mean(base.errors[test_set]), mine.versus, seeds))
     return out
 
@@ -214,29 +219,35 @@ PAIR_HEADERS = ("system", "against", "seeds", "{set} error", "against's", "diffe
                 "at 5 % (run level)", "resolvable at 80 % power", "seeds needed", "resolvable with unlimited seeds")
 
 
-def pairs_markdown(table: Sequence[Pair], test_set: str) -> str:
+def pairs_markdown(table: Sequence[Pair], test_set: str, target: Optional[float] = None) -> str:
     """The pairs as a Markdown table: both means and their seeds, the difference with its run-level
     interval, the tests (the run-level one first; the others see only utterances), the verdict at 5 %
     from the run-level test, the difference the design resolves with 80 % power and the seeds per system
     that would resolve the observed one (``statistics.run_level``; "-" where no number of seeds would,
-    on this test set), and what unlimited seeds would resolve on this test set (its floor). The relative
-    difference is the difference and its run-level interval divided by the against system's mean error,
-    which is taken as fixed (Kaldi's "relative WER reduction")."""
-    lines = ["| " + " | ".join(h.format(set=test_set) for h in PAIR_HEADERS) + " |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    on this test set), with ``target`` (points, the pairs made with it: :func:`pairs`) the seeds per
+    system that would resolve that difference, and what unlimited seeds would resolve on this test set
+    (its floor). The relative difference is the difference and its run-level interval divided by the
+    against system's mean error, which is taken as fixed (Kaldi's "relative WER reduction")."""
+    headers = [h.format(set=test_set) for h in PAIR_HEADERS]
+    if target is not None:
+        headers.insert(-1, f"seeds for {target:g} points")
+    lines = ["| " + " | ".join(headers) + " |",
+             "| " + " | ".join("---" if h in ("system", "against", "seeds", "at 5 % (run level)") else "---:"
+                               for h in headers) + " |"]
     for p in table:
         v, seeds = p.versus, f"{p.seeds[0]} / {p.seeds[1]}"
         if not v:
             lines.append(f"| {p.system} | {p.against} | {seeds} | {_or_dash(p.system_error)} | "
-                         f"{_or_dash(p.against_error)} | | no finished run of both yet |" + " |" * 9)
+                         f"{_or_dash(p.against_error)} | | no finished run of both yet |" + " |" * (len(headers) - 7))
             continue
         test = v["run_level"]
         if test is None:
-            runs = ["", "", "one seed", "", "", ""]
+            runs = ["", "", "one seed", "", ""] + ([""] if target is not None else []) + [""]
         else:
             runs = [f"{100 * test.low:+.2f} to {100 * test.high:+.2f}", f"{v['probability_of_improvement']:.3f}",
-                    f"{test.p_value:.3g}", f"{100 * test.resolvable:.2f}",
-                    "-" if test.seeds_needed is None else str(test.seeds_needed), f"{100 * test.floor:.2f}"]
+                    f"{test.p_value:.3g}", f"{100 * test.resolvable:.2f}", _or_dash(test.seeds_needed, "d")]
+            runs += [_or_dash(test.seeds_for_target, "d")] if target is not None else []
+            runs += [f"{100 * test.floor:.2f}"]
         if test is None:
             runs[1] = f"{v['probability_of_improvement']:.3f}"
         difference = p.system_error - p.against_error
@@ -245,7 +256,7 @@ def pairs_markdown(table: Sequence[Pair], test_set: str) -> str:
             relative += f" ({_relative(100 * test.low, p.against_error)} to {_relative(100 * test.high, p.against_error)})"
         cells = [p.system, p.against, seeds, f"{p.system_error:.2f}", f"{p.against_error:.2f}",
                  f"{difference:+.2f}", runs[0], relative, runs[1], runs[2], f"{v['matched_pairs_p']:.3g}",
-                 f"{v['sign_p']:.3g}", p.reading(), runs[3], runs[4], runs[5]]
+                 f"{v['sign_p']:.3g}", p.reading()] + runs[3:]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -331,8 +342,8 @@ def claims_markdown(claims: Sequence[Claim], table: Sequence[Pair]) -> str:
     return "\n".join(lines)
 
 
-def _or_dash(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _or_dash(value, fmt: str = ".2f") -> str:
+    return "-" if value is None else format(value, fmt)
 
 
 def splice(document: str, name: str, text: str, tool: str = "compare.py") -> str:

@@ -58,7 +58,9 @@ freedom), and it needs the same seeds in both systems, which a study under way d
 design resolves with probability 0.8 at the level, ``(t_{df, 1 - alpha/2} + t_{df, 0.8}) SE``, and the
 seeds per system with which the observed difference would be resolved with that probability, if the
 variances observed are the true ones (the training runs' part shrinks as ``1 / S``, the test set's
-does not: a difference below its floor needs a larger test set, not more seeds: ``None``). The floor
+does not: a difference below its floor needs a larger test set, not more seeds: ``None``); and, given a
+``target`` difference, the seeds per system that would resolve it so (:attr:`RunLevelTest.seeds_for_target`,
+the number a study planning to resolve that difference should run). The floor
 (:attr:`RunLevelTest.floor`) is what unlimited seeds would resolve: the same formula with the test
 set's variance alone and ``N - 1`` degrees of freedom. Planning figures, from a few seeds' variances:
 rough.
@@ -197,6 +199,8 @@ class RunLevelTest:
     seeds_needed: Optional[int]  # seeds per system to resolve `difference` so; None: no number of seeds does
     seeds: tuple[int, int]
     floor: float  # what unlimited seeds would resolve so: the test set's part alone
+    target: Optional[float] = None  # a difference a study means to resolve (``run_level``'s ``target``)
+    seeds_for_target: Optional[int] = None  # seeds per system to resolve `target` so; None: none does, or no target
 
     def reading(self, alpha: float = 0.05) -> str:
         """``better``/``worse`` (B than A) where this test says so at ``alpha``, else ``not resolved with
@@ -221,10 +225,13 @@ def _detectable(variance: float, df: float, alpha: float, power: float) -> float
     return float((scipy_stats.t.ppf(1 - alpha / 2, df) + scipy_stats.t.ppf(power, df)) * math.sqrt(variance))
 
 
-def run_level(errors_a, errors_b, lengths, alpha: float = 0.05, power: float = 0.8) -> Optional[RunLevelTest]:
+def run_level(errors_a, errors_b, lengths, alpha: float = 0.05, power: float = 0.8,
+              target: Optional[float] = None) -> Optional[RunLevelTest]:
     """The run-level test of B against A (module docstring); ``None`` where a system has one seed.
 
-    ``errors_a`` ``(S_A, N)``, ``errors_b`` ``(S_B, N)`` errors per seed and utterance, ``lengths`` ``(N,)``.
+    ``errors_a`` ``(S_A, N)``, ``errors_b`` ``(S_B, N)`` errors per seed and utterance, ``lengths`` ``(N,)``;
+    ``target`` (a fraction, e.g. 0.015): a difference a study plans to resolve, whose seeds per system
+    the test gives as :attr:`RunLevelTest.seeds_for_target`, as it gives the observed difference's.
     """
     errors_a, lengths = _check(errors_a, lengths)
     errors_b, _ = _check(errors_b, lengths)
@@ -251,9 +258,13 @@ def run_level(errors_a, errors_b, lengths, alpha: float = 0.05, power: float = 0
         parts = [(v * n / seeds, seeds - 1) for (v, _), n in zip(seed_parts, sizes)] + [utterance_part]
         return _detectable(*_welch(parts), alpha, power)
 
-    seeds_needed = next((n for n in range(2, MAX_SEEDS + 1) if detectable_with(n) <= abs(difference)), None) \
-        if difference else None
+    def seeds_to_resolve(wanted: Optional[float]) -> Optional[int]:
+        if not wanted:
+            return None
+        return next((n for n in range(2, MAX_SEEDS + 1) if detectable_with(n) <= abs(wanted)), None)
+
     return RunLevelTest(difference, math.sqrt(variance), sum(v for v, _ in seed_parts), utterance_part[0], df,
                         statistic, p_value, difference - half, difference + half, _detectable(variance, df, alpha, power),
-                        seeds_needed, sizes, _detectable(*utterance_part, alpha, power))
+                        seeds_to_resolve(difference), sizes, _detectable(*utterance_part, alpha, power),
+                        target, seeds_to_resolve(target))
 
