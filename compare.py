@@ -86,12 +86,17 @@ def cost_machine(systems) -> Optional[str]:
 
 
 def provenance(systems, command: str) -> str:
-    """When, where and how a table was made, what its runs cost and where they trained: the line above a
-    generated table (its runs may come from several sittings and machines)."""
+    """When, where and how a table was made, what its runs cost and where they trained (runs and hours of
+    training per machine): the line above a generated table (its runs may come from several sittings and
+    machines)."""
     runs = [r for s in systems for r in s.runs if r.finished]
     hours = sum(r.training_seconds for r in runs) / 3600
     machines = Counter(r.machine or "a machine not recorded" for r in runs)
-    trained = "; ".join(f"{machine} ({n} run{'s' if n != 1 else ''})" for machine, n in machines.most_common())
+    seconds = Counter()  # per machine: what the study cost where
+    for r in runs:
+        seconds[r.machine or "a machine not recorded"] += r.training_seconds
+    trained = "; ".join(f"{machine} ({n} run{'s' if n != 1 else ''}, {seconds[machine] / 3600:.1f} h)"
+                        for machine, n in machines.most_common())
     costed = cost_machine(systems)
     return (f"Generated {time.strftime('%Y-%m-%d')} by `{command}` on {cpu_model()} "
             f"({os.cpu_count()} cores): {len(systems)} systems, {len(runs)} finished runs, "

@@ -278,7 +278,7 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert text.startswith("# Results\nabove\n<!-- compare.py study -->\nGenerated ") and text.endswith(
         "<!-- /compare.py study -->\nbelow\n")
     assert "stale table" not in text and "3 systems, 6 finished runs, 0.1 h of training in all; trained on " \
-        "Some CPU, 2 cores, 1 thread, torch 2.13.0+cpu, device cpu (6 runs)." in text
+        "Some CPU, 2 cores, 1 thread, torch 2.13.0+cpu, device cpu (6 runs, 0.1 h)." in text
     assert f"by `python compare.py table {tmp_path / 'runs'} --markdown" in text
     # the printed command runs as printed: a system named by an override has parentheses, which a shell
     # would read as syntax unless quoted
@@ -306,6 +306,9 @@ def test_the_cost_columns_compare_systems_on_one_machine(tmp_path):
         fake_run(tmp_path / "B" / f"seed{seed}", "MINI_B", "libru", seed, list(rng.integers(0, 3, 30)), 20, 19 + seed,
                  **({"machine": gpu, "speeds": (50000, 70000)} if on_gpu else {"speeds": (2000, 4000)}))
     fake_run(tmp_path / "C" / "seed1", "MINI_C", "lstm", 1, [3] * 30, 30, 30, machine=gpu, speeds=(9000, 9000))
+    for run in ("A/seed3", "B/seed3", "C/seed1"):  # the GPU's runs take 20 min an epoch, the CPU's 30 s
+        res = tmp_path / run / "res.res"
+        res.write_text(res.read_text().replace("time=30.0s", "time=1200.0s").replace("time=31.0s", "time=1200.0s"))
     systems = group(find_runs([str(tmp_path / "*")]))
     machine = compare.cost_machine(systems)
     assert machine == "Some CPU, 2 cores, 1 thread, torch 2.13.0+cpu, device cpu"  # 4 runs against 3
@@ -316,6 +319,8 @@ def test_the_cost_columns_compare_systems_on_one_machine(tmp_path):
     assert everything[0].frames_per_second == pytest.approx((2000 + 2000 + 60000) / 3)
     assert everything[0].versus == {} and everything[1].versus.keys() == b.versus.keys()
     line = compare.provenance(systems, "compare.py table")
+    # runs and hours per machine: 4 x 61 s; 3 x 2 x 20 min
+    assert f"trained on {machine} (4 runs, 0.1 h); {gpu} (3 runs, 2.0 h)." in line
     assert line.endswith(f"The training time and frames/s are those of the runs on {machine} alone.")
     assert compare.cost_machine(group(find_runs([str(tmp_path / "A" / "seed[12]")]))) is None  # one machine
     assert "alone" not in compare.provenance(group(find_runs([str(tmp_path / "A" / "seed[12]")])), "c")
