@@ -194,6 +194,9 @@ def main(argv=None) -> int:
         if args.verb == "table":
             if args.section and not args.markdown:
                 raise ConfigError("--section needs --markdown FILE (the file whose section is replaced)")
+            if args.target is not None and (not (args.pairs or args.claims) or not args.target > 0):
+                raise ConfigError(f"--target {args.target:g}: expected a difference in points above 0, with --pairs "
+                                  "or --claims (it adds a column to the pairs table)")
             if args.claims_only and not (args.claims and args.markdown):
                 raise ConfigError("--claims-only needs --claims FILE and --markdown FILE (it says what goes into the latter)")
             print(table(args.folders, args.baseline, args.test_set, args.csv, args.markdown, args.plots,

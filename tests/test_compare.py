@@ -275,6 +275,8 @@ def test_named_pairs_and_a_generated_section(tmp_path):
                          "--pairs", "MINI_B:MINI_A", "--replications", "200", "--target", "7.5"]) == 0
     text = page.read_text()
     assert "| seeds for 7.5 points | resolvable with unlimited seeds |" in text
+    for bad in (["--target", "0", "--pairs", "MINI_B:MINI_A"], ["--target", "1.5"]):  # no pairs table to add it to
+        assert compare.main(["table", str(tmp_path / "runs"), *bad]) == 1
     assert text.startswith("# Results\nabove\n<!-- compare.py study -->\nGenerated ") and text.endswith(
         "<!-- /compare.py study -->\nbelow\n")
     assert "stale table" not in text and "3 systems, 6 finished runs, 0.1 h of training in all; trained on " \
