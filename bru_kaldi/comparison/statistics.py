@@ -58,12 +58,12 @@ freedom), and it needs the same seeds in both systems, which a study under way d
 design resolves with probability 0.8 at the level, ``(t_{df, 1 - alpha/2} + t_{df, 0.8}) SE``, and the
 seeds per system with which the observed difference would be resolved with that probability, if the
 variances observed are the true ones (the training runs' part shrinks as ``1 / S``, the test set's
-does not: a difference below its floor needs a larger test set, not more seeds: ``None``); and, given a
-``target`` difference, the seeds per system that would resolve it so (:attr:`RunLevelTest.seeds_for_target`,
-the number a study planning to resolve that difference should run). The floor
-(:attr:`RunLevelTest.floor`) is what unlimited seeds would resolve: the same formula with the test
-set's variance alone and ``N - 1`` degrees of freedom. Planning figures, from a few seeds' variances:
-rough.
+does not: a difference below its floor needs a larger test set, not more seeds: ``None``); given a
+``target`` difference, the seeds per system that would resolve it so
+(:attr:`RunLevelTest.seeds_for_target`: what a study that means to resolve that difference should
+run). The floor (:attr:`RunLevelTest.floor`) is what unlimited seeds would resolve: the same formula
+with the test set's variance alone and ``N - 1`` degrees of freedom. Planning figures, from a few
+seeds' variances: rough.
 
 >>> import numpy as np
 >>> a = np.array([[1, 0, 2, 1]]); b = np.array([[0, 0, 1, 1]]); n = np.array([5, 5, 5, 5])
