@@ -91,10 +91,11 @@ def provenance(systems, command: str) -> str:
     machines)."""
     runs = [r for s in systems for r in s.runs if r.finished]
     hours = sum(r.training_seconds for r in runs) / 3600
-    machines = Counter(r.machine or "a machine not recorded" for r in runs)
+    where = [r.machine or "a machine not recorded" for r in runs]
+    machines = Counter(where)
     seconds = Counter()  # per machine: what the study cost where
-    for r in runs:
-        seconds[r.machine or "a machine not recorded"] += r.training_seconds
+    for machine, r in zip(where, runs):
+        seconds[machine] += r.training_seconds
     trained = "; ".join(f"{machine} ({n} run{'s' if n != 1 else ''}, {seconds[machine] / 3600:.1f} h)"
                         for machine, n in machines.most_common())
     costed = cost_machine(systems)

@@ -241,15 +241,13 @@ def pairs_markdown(table: Sequence[Pair], test_set: str, target: Optional[float]
                          f"{_or_dash(p.against_error)} | | no finished run of both yet |" + " |" * (len(headers) - 7))
             continue
         test = v["run_level"]
-        if test is None:
-            runs = ["", "", "one seed", "", ""] + ([""] if target is not None else []) + [""]
+        if test is None:  # no interval, p or power without the runs' variance: blank cells
+            runs = ["", f"{v['probability_of_improvement']:.3f}", "one seed"] + [""] * (len(headers) - 13)
         else:
             runs = [f"{100 * test.low:+.2f} to {100 * test.high:+.2f}", f"{v['probability_of_improvement']:.3f}",
                     f"{test.p_value:.3g}", f"{100 * test.resolvable:.2f}", _or_dash(test.seeds_needed, "d")]
             runs += [_or_dash(test.seeds_for_target, "d")] if target is not None else []
             runs += [f"{100 * test.floor:.2f}"]
-        if test is None:
-            runs[1] = f"{v['probability_of_improvement']:.3f}"
         difference = p.system_error - p.against_error
         relative = _relative(difference, p.against_error)
         if test is not None and p.against_error:  # the test's bounds are fractions, the errors points

@@ -48,8 +48,8 @@ run-level test: a comparison of single runs is not resolved, whatever the uttera
 (the order comes from ``(seed, epoch, chunk)``), so a seed whose order happens to help or hurt does so
 for every config: in the built-in corpus's study, at seed 3, the rate of twelve of the thirteen
 configs first halves after the same epoch (the fourth, whose dev error does not improve), and seed 3
-is one of the two worst of five seeds in twelve of the thirteen configs. Treating the two systems' seeds as
-independent, as the tests here do, then overstates the variance of the difference: the run-level test
+is one of the two worst of five seeds in twelve of the thirteen configs. Treating the two systems'
+seeds as independent, as the tests here do, then overstates the variance of the difference: the run-level test
 and the interval are conservative for such pairs. A test paired by seed would resolve more of those
 pairs, but fewer of those whose seeds' errors do not move together (it has half the degrees of
 freedom), and it needs the same seeds in both systems, which a study under way does not have.
