@@ -48,8 +48,7 @@ from bru_kaldi import decoding
 from bru_kaldi.atomic import WriteError, write_atomically
 from bru_kaldi.builtin_corpus import BuiltinCorpusError, ensure_builtin_corpus
 from bru_kaldi.chain import native as chain_native
-from bru_kaldi.chain.den_graph import write_den_fst
-from bru_kaldi.chain.supervision import ChainSupervision, estimate_denominator
+from bru_kaldi.chain.supervision import ChainSupervision, chain_supervision
 from bru_kaldi.config import Config, ConfigError, convert_pytorch_kaldi, parse_config, parse_overrides, write_resolved
 from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
@@ -59,8 +58,8 @@ from bru_kaldi.network import (build_model, check_architectures, has_unused_para
                                trained_architectures)
 from bru_kaldi.learning_rate import epoch_rates, step_rate
 from bru_kaldi.checkpoints import CheckpointError, Progress, load_checkpoint, save_checkpoint, save_tensors
-from bru_kaldi.training import (Diverged, autocast, batch_loss, chance_frame_error, epochs_since_best, evaluate,
-                                feature_columns, gradient_norm, keep_best_weights, make_optimizer, pick_device,
+from bru_kaldi.training import (Diverged, autocast, batch_loss, chance_frame_error, dev_criterion, epochs_since_best, evaluate,
+                                feature_columns, gradient_norm, keep_best_weights, make_optimizer, param_groups, pick_device,
                                 plot_learning_curve, seed_everything, stopped_early, warn_if_not_learning)
 from bru_kaldi.corpus import Corpus, dataset_for, fingerprint, loader_options
 from bru_kaldi.feature_transforms import GlobalNorm
@@ -111,13 +110,16 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
     build_network(run)
     if fresh:
         run.checkpoint()  # the initial weights: what a blow-up in the first chunk rolls back to
-    while run.progress.epoch < config.exp.n_epochs_tr and not stopped_early(run.progress.dev_errors, config.exp.patience):
+    criterion = dev_criterion(config)  # what "dev improves" means: the frame error, or the loss (LF-MMI's objective)
+    while run.progress.epoch < config.exp.n_epochs_tr and not stopped_early(run.progress.dev_scores(criterion),
+                                                                              config.exp.patience):
         try:
             train_epoch(run, run.progress.epoch)
         except Diverged as blowup:
             roll_back(run, blowup)
     if config.exp.patience and run.progress.history:
-        keep_best_weights(run.model, exp.best, run.progress.dev_errors, config.exp.patience)
+        keep_best_weights(run.model, exp.best, run.progress.dev_scores(criterion), config.exp.patience,
+                          criterion.replace("_", " "))
     if dist.main:
         senone, mono = config.model.senone_lab, config.model.mono_lab
         final = {"model": run.model.state_dict(), "input_dim": run.input_dim,
@@ -151,8 +153,11 @@ def load_training_data(config: Config, exp: Experiment, device: torch.device, di
         norm = Corpus(train_spec, loader_options(config, "valid")).global_norm()
         if dist.main:
             norm.save(exp.norm)
-    train_set = Corpus(train_spec, loader_options(config, "train"), norm)
-    dev_set = Corpus(dataset_for(config, config.data_use.valid_with, with_labels=True), loader_options(config, "valid"), norm)
+    lfmmi = config.model.objective == "lfmmi"  # its numerators are made from the alignments' transition-ids
+    tids = [senone] if lfmmi else []
+    train_set = Corpus(train_spec, loader_options(config, "train"), norm, transition_ids=tids)
+    dev_set = Corpus(dataset_for(config, config.data_use.valid_with, with_labels=True), loader_options(config, "valid"),
+                     norm, transition_ids=tids)
     if dev_set.label_dims[senone] != train_set.label_dims[senone]:
         raise KaldiIOError(f"dataset {config.data_use.valid_with}: {dev_set.label_dims[senone]} pdfs in its alignments' "
                            f"final.mdl, {train_set.label_dims[senone]} in the training set's")
@@ -170,18 +175,10 @@ def load_training_data(config: Config, exp: Experiment, device: torch.device, di
     # a model without a senone output reports pytorch-kaldi's cost_err of its mse output, no chance level of senones
     chance = chance_frame_error(counts) if counts is not None and config.model.senone_output else None
     chain = None
-    if config.model.objective == "lfmmi":  # the denominator: a phone LM of the training alignments, with the HMMs
-        m = config.model
+    if lfmmi:  # the denominator (a phone LM of the training alignments, with the HMMs) and the numerators
         lab_folder = next(s.lab_folder for s in train_spec.lab if s.lab_name == senone)
-        den = estimate_denominator(lab_folder, m.lfmmi_phone_lm_order, den_fst=m.lfmmi_den_fst)
-        pdfs = train_set.label_dims[senone]
-        if int(den.pdf.max()) >= pdfs:
-            raise KaldiIOError(f"{m.lfmmi_den_fst or lab_folder}: the denominator uses pdf {int(den.pdf.max())}, the "
-                             f"senone labels have {pdfs} pdfs")
-        if dist.main:
-            write_den_fst(den, exp.folder / "den.fst")  # for fstinfo, fstprint and Kaldi's chain tools
-        chain = ChainSupervision(den.chain_graph(), m.lfmmi_leaky_hmm, m.lfmmi_xent_regularize, m.lfmmi_output_l2,
-                                 m.lfmmi_tolerance).to(device)
+        chain = chain_supervision(config.model, lab_folder, train_set.label_dims[senone],
+                                  exp.folder / "den.fst" if dist.main else None).to(device)
     return Training(config, exp, device, dist, train_set, dev_set, chance, chain)
 
 
@@ -203,7 +200,8 @@ def build_network(run: Training) -> None:
                                         stream_dims(train_set))
     run.model.to(run.device)
     run.archs = trained_architectures(config)
-    run.optimizers = [make_optimizer(a.arch_opt, params, a.arch_lr, a) for a, params in zip(run.archs, run.groups)]
+    run.optimizers = [make_optimizer(a.arch_opt, param_groups(params, run.model, config.model), a.arch_lr, a)
+                      for a, params in zip(run.archs, run.groups)]
     log.info("model: %s, %.2fM parameters",
              " + ".join(f"{a.arch_name}={a.unit} {a.sizes or '(output layer)'}" for a in run.archs),
              sum(p.numel() for p in run.model.parameters()) / 1e6)
@@ -225,7 +223,8 @@ def train_epoch(run: Training, epoch: int) -> None:
     the epoch's line in ``res.res``; raises :class:`Diverged` at the first non-finite loss or gradient,
     before any weight takes it."""
     config, progress, dist = run.config, run.progress, run.dist
-    lrs = epoch_rates(run.archs, epoch, config.exp.n_epochs_tr, progress.dev_errors, progress.rollbacks)
+    lrs = epoch_rates(run.archs, epoch, config.exp.n_epochs_tr, progress.dev_scores(dev_criterion(config)),
+                      progress.rollbacks)
     run.train_set.options = loader_options(config, "train", epoch)  # this epoch's batch size and length limit
     for name, rates in set_epoch_dropout(run.model, config, epoch).items():  # and its dropout rates (a schedule's)
         log.info("epoch %d: %s dropout rates %s", epoch + 1, name, ",".join(f"{r:g}" for r in rates))
@@ -265,11 +264,15 @@ def train_step(run: Training, batch, lrs: dict[str, float], where: str) -> Optio
     share = run.dist.share(batch)
     empty = share is None
     share = (batch.select(slice(0, 1)) if empty else share).to(run.device, non_blocking=True)
+    # a chain model's output frames start at input frame `shift`, a different one from pass to pass (Kaldi's
+    # --frame-shift): a chunk's utterances change every epoch, so each meets every shift
+    shift = (run.progress.epoch + batch.chunk) % run.model.frame_subsampling_factor
     with autocast(run.config, run.device):
-        out = run.net(share.x[..., :run.input_dim], share.lengths)
+        out = run.net(share.x[..., :run.input_dim], share.lengths, frame_shift=shift)
     target = share.x[..., run.target] if run.target else None
-    loss, (loss_sum, errors, frames) = batch_loss(out, share.labels, run.config.model, batch.num_frames,
-                                                  run.dist.world, target, run.chain)
+    global_frames = int(run.model.output_lengths(batch.lengths, shift).sum())  # of every rank's share
+    loss, (loss_sum, errors, frames) = batch_loss(out, share.labels, run.config.model, global_frames,
+                                                  run.dist.world, target, run.chain, shift)
     for optimizer in run.optimizers:
         optimizer.zero_grad(set_to_none=True)
     (loss * 0 if empty else loss).backward()
@@ -279,8 +282,8 @@ def train_step(run: Training, batch, lrs: dict[str, float], where: str) -> Optio
         raise Diverged(f"{where}: the loss is {loss_sum:g} and the gradient norms are {norms} on utterances "
                        f"{batch.keys[:4]}")
     for arch, optimizer in zip(run.archs, run.optimizers):
-        for group in optimizer.param_groups:
-            group["lr"] = step_rate(lrs[arch.arch_name], arch, run.progress.step)
+        for group in optimizer.param_groups:  # (LF-MMI's xent head learns at its own factor of the rate)
+            group["lr"] = step_rate(lrs[arch.arch_name], arch, run.progress.step) * group.get("lr_factor", 1.0)
         optimizer.step()
     run.progress.step += 1
     return None if empty else (loss_sum, errors, frames)
@@ -295,7 +298,7 @@ def end_epoch(run: Training, epoch: int, lrs: dict[str, float]) -> None:
     progress.history.append({"epoch": epoch + 1, "train_loss": loss_sum / frames, "train_err": errors / frames,
                              "dev_loss": dev_loss, "dev_err": dev_err, "lr": lrs, "seconds": seconds})
     progress.epoch, progress.chunk, progress.chunk_stats = epoch + 1, 0, []
-    if run.config.exp.patience and run.dist.main and epochs_since_best(progress.dev_errors) == 0:
+    if run.config.exp.patience and run.dist.main and epochs_since_best(progress.dev_scores(dev_criterion(run.config))) == 0:
         # before the checkpoint: a checkpoint that counts this epoch always has its best weights beside it
         save_tensors({"model": run.model.state_dict(), "epoch": epoch + 1}, run.exp.best)
     run.checkpoint()
@@ -372,7 +375,7 @@ def forward(config: Config, exp: Experiment, model_dir: Path, device: torch.devi
                     scores = out["features"].float()
                 else:
                     scores = out["senone"].float() if chain else F.log_softmax(out["senone"].float(), dim=-1)
-                writer.write_batch(batch.keys, scores.cpu(), batch.lengths.cpu())
+                writer.write_batch(batch.keys, scores.cpu(), model.output_lengths(batch.lengths).cpu())
         exp.mark(f"forward_{name}")
         log.info("forward %s: %d utterances in %.1f s -> %s", name, len(corpus), time.time() - started, out_dir / "loglikes.scp")
 
@@ -391,7 +394,8 @@ def decode_jobs(config: Config, exp: Experiment, model_dir: Path) -> list:
         jobs.append(decoding.DecodeJob(name=name, loglikes_scp=exp.folder / f"forward_{name}" / "loglikes.scp",
                                      graph_dir=Path(lab.lab_graph), model=model_dir / "final.mdl",
                                      ref_text=text if text and text.is_file() else None,
-                                     out_dir=exp.folder / f"decode_{name}"))
+                                     out_dir=exp.folder / f"decode_{name}",
+                                     frame_shift=decoding.FRAME_SHIFT * config.model.frame_subsampling_factor))
     return jobs
 
 

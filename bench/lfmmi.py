@@ -20,6 +20,7 @@ all alike): the loop of torch ops (``BRU_KALDI_NATIVE=0``) and the C++ op that C
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -32,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bru_kaldi.chain import native  # noqa: E402
-from bru_kaldi.chain.supervision import ChainSupervision, denominator_from_alignments  # noqa: E402
+from bru_kaldi.chain.supervision import chain_supervision  # noqa: E402
 from bru_kaldi.config import parse_config  # noqa: E402
-from bru_kaldi.corpus import Corpus, dataset_for, loader_options  # noqa: E402
+from bru_kaldi.corpus import Corpus, dataset_for, loader_options, transition_ids_of  # noqa: E402
 from bru_kaldi.network import build_model  # noqa: E402
 from bru_kaldi.training import feature_columns  # noqa: E402
 
@@ -99,17 +100,19 @@ def main(argv=None) -> int:
     config = parse_config(args.config, overrides)
     senone = config.model.senone_lab
     spec = dataset_for(config, config.data_use.train_with, with_labels=True)
-    corpus = Corpus(spec, loader_options(config, "valid"))
+    corpus = Corpus(spec, loader_options(config, "valid"), transition_ids=[senone])
     corpus.options = loader_options(config, "train")
     batch = max((b for b in corpus.batches(0)), key=lambda b: len(b.keys))  # a full batch
     input_dim, _ = feature_columns(config.model, corpus.sources)
     model, _ = build_model(config, input_dim, corpus.label_dims[senone], None)
     model.to(device)
     x, lengths = batch.x[..., :input_dim].to(device), batch.lengths.to(device)
-    pdfs = batch.labels[senone].to(device)
+    tids = batch.labels[transition_ids_of(senone)].to(device)
     torch.manual_seed(0)
+    with torch.no_grad():
+        out = model(x, lengths)
     print(f"{Path(args.config).name}: batch of {len(batch.keys)} utterances, {int(lengths.sum())} frames "
-          f"(outputs (B, T, P) = {tuple(batch.x.shape[:2]) + (corpus.label_dims[senone],)}), "
+          f"(outputs (B, T', P) = {tuple(out['senone'].shape)}), "
           f"{torch.get_num_threads()} threads, device {device}"
           f"{f' ({torch.cuda.get_device_name(device)})' if device.type == 'cuda' else ''}, medians of {args.repeats}")
 
@@ -118,8 +121,6 @@ def main(argv=None) -> int:
         out = model(x, lengths)
         (out["senone"].sum() + out["xent"].sum()).backward()
 
-    with torch.no_grad():
-        out = model(x, lengths)
     output = out["senone"].detach().requires_grad_()
     xent = out["xent"].detach().requires_grad_()
     has_native = native.native_ops(output.new_empty(0, device="cpu")) is not None  # (builds it on first use)
@@ -128,14 +129,12 @@ def main(argv=None) -> int:
     lab_folder = next(s.lab_folder for s in spec.lab if s.lab_name == senone)
     functions, graphs = {"network": network}, {}
     for order in args.orders or [config.model.lfmmi_phone_lm_order]:
-        den = denominator_from_alignments(lab_folder, order)
-        m = config.model
-        chain = ChainSupervision(den, m.lfmmi_leaky_hmm, m.lfmmi_xent_regularize, m.lfmmi_output_l2,
-                                 m.lfmmi_tolerance).to(device)
-        graphs[order] = den
+        m = dataclasses.replace(config.model, lfmmi_phone_lm_order=order)
+        chain = chain_supervision(m, lab_folder, corpus.label_dims[senone]).to(device)
+        graphs[order] = chain.den_graph
 
-        def objective(chain=chain):
-            chain.loss(output, pdfs, xent).loss.backward()
+        def objective(chain=chain):  # (its numerators are made each step, as in training)
+            chain.loss(output, tids, xent).loss.backward()
 
         for path, mode in paths.items():
             functions[order, path] = with_native(mode, objective)

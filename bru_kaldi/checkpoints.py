@@ -39,6 +39,11 @@ class Progress:
         """The dev frame error of every finished epoch, in order."""
         return [h["dev_err"] for h in self.history]
 
+    def dev_scores(self, criterion: str) -> list[float]:
+        """What the rate halving, patience and the best epoch follow (``training.dev_criterion``), for every
+        finished epoch in order: the dev frame error (``"frame_error"``) or the dev loss (``"loss"``)."""
+        return self.dev_errors if criterion == "frame_error" else [h["dev_loss"] for h in self.history]
+
     @property
     def lr_scale(self) -> float:
         """The factor on every learning rate from the rollbacks so far (``bru_kaldi.learning_rate``)."""

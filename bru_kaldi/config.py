@@ -77,6 +77,10 @@ DROPOUT_PLACES = ("input", "inside")  # see Architecture.dropout_at
 INPUT_NORMS = ("none", "batch", "layer", "layer+batch")  # see Architecture.input_norm (models.norm.InputNorm)
 OPTIMIZERS = ("sgd", "adam", "rmsprop", "adadelta")  # bru_kaldi.training.make_optimizer
 OBJECTIVES = ("ce", "lfmmi")  # frame cross-entropy on the alignments; lattice-free MMI (bru_kaldi.chain)
+# how the network's output is taken at 1 / frame_subsampling_factor of the frame rate (models.acoustic)
+FRAME_SUBSAMPLING = ("output", "splice")
+DEV_CRITERIA = ("auto", "frame_error", "loss")  # what the rate halving, patience and the best epoch follow
+LFMMI_INITIAL_PROBS = ("kaldi", "unnormalised")  # the denominator's (bru_kaldi.chain.graph.denominator_initial_probs)
 DECODERS = ("auto", "kaldi", "python")  # auto: Kaldi when its binaries are on PATH (bru_kaldi.decoding)
 
 
@@ -96,6 +100,11 @@ class Exp:
     # stop once this many epochs in a row have not lowered the best dev frame error, and keep the weights of
     # the best epoch as final.pt (Kaldi's nnet1 keeps its best model too); 0: train all n_epochs_tr epochs
     patience: int = 0
+    # what "dev improves" means for the rate halving ([architectureN] arch_improvement_threshold), patience and
+    # the best epoch: the dev frame error, or the dev loss (with [model] objective = lfmmi the LF-MMI objective
+    # alone, negated, as Kaldi's chain recipes follow it); auto: the loss for lfmmi, whose output is not
+    # trained to classify frames, else the frame error
+    dev_criterion: str = choice(*DEV_CRITERIA, default="auto")
     device: str = choice(*DEVICES, default="auto")  # auto: CUDA when available
     mixed_precision: bool = False  # bf16/fp16 autocast, CUDA only
     builtin_corpus: str = choice("none", *BUILTIN_SIZES, default="none")  # build the built-in corpus if missing
@@ -291,17 +300,32 @@ class Model:
     # architecture that is no softmax: an autoencoder's code), not log-likelihoods; empty: log-likelihoods
     features_arch: str = ""
     # the training objective of the senone output: ce, or lfmmi (lattice-free MMI, bru_kaldi.chain), whose
-    # options follow, with Kaldi's chain defaults: the leaky HMM's coefficient, the weight of the
-    # cross-entropy of a separate output head (xent_regularize), L2 on the chain output, the phone LM's order
-    # (chain-est-phone-lm), the frames by which the numerator may move a phone's boundaries, and a den.fst
-    # to train with instead of the phone LM estimated from the training alignments (Kaldi's
+    # options follow, with the defaults of Kaldi's chain recipes: the leaky HMM's coefficient, the weight of the
+    # cross-entropy of a separate output head (xent_regularize) and that head's factor on its architecture's
+    # learning rate (Kaldi's recipes set learning-rate-factor = 0.5 / xent_regularize: 0 here), L2 on the chain
+    # output, the phone LM's order
+    # (chain-est-phone-lm), the full-rate frames by which the numerator may move a phone's boundaries, and a
+    # den.fst to train with instead of the phone LM estimated from the training alignments (Kaldi's
     # chain-make-den-fst's, e.g. of a triphone system, whose pdfs are the senone labels')
     objective: str = choice(*OBJECTIVES, default="ce")
     lfmmi_leaky_hmm: float = 0.1
     lfmmi_xent_regularize: float = 0.1
-    lfmmi_output_l2: float = 0.0
+    lfmmi_xent_lr_factor: float = 0.0
+    lfmmi_output_l2: float = 5e-5
     lfmmi_phone_lm_order: int = 4
     lfmmi_tolerance: int = 5
+    # the HMM transition probabilities of final.mdl in the denominator and numerator, to this power: 1.0 as
+    # Kaldi's chain-make-den-fst and the chain decoding graph (mkgraph.sh --self-loop-scale 1.0), which must
+    # agree; 0 weighs every HMM arc 1 (this toolkit's first version, kept for the ablation in RESULTS.md)
+    lfmmi_transition_scale: float = 1.0
+    # the denominator's initial (leak) probabilities: kaldi (SetInitialProbs: each state's weights normalised
+    # first), or unnormalised (the first version's, kept for the ablation in RESULTS.md)
+    lfmmi_initial_probs: str = choice(*LFMMI_INITIAL_PROBS, default="kaldi")
+    # the network's output at 1 / frame_subsampling_factor of the input frame rate (Kaldi's chain models: 3,
+    # with the chain topology, lfmmi only): output, the network runs at the full rate and every f-th output
+    # frame is kept; splice, f consecutive frames are one input and the network runs at 1 / f of the rate
+    frame_subsampling_factor: int = 1
+    frame_subsampling: str = choice(*FRAME_SUBSAMPLING, default="output")
     lfmmi_den_fst: str = ""
 
 
@@ -801,16 +825,26 @@ def _check_features(config, src: str, add) -> None:
 
 
 def _check_lfmmi(model: Model, src: str, add) -> None:
-    """The LF-MMI options: coefficients in their ranges, an order >= 1, a tolerance >= 0."""
+    """The LF-MMI options: coefficients in their ranges, an order >= 1, a tolerance >= 0; frame subsampling
+    for lfmmi only, with a tolerance that leaves no output frame without a phone (Kaldi's rule)."""
     if not 0 <= model.lfmmi_leaky_hmm < 1:
         add(f"{src} [model] lfmmi_leaky_hmm: expected 0 <= coefficient < 1 (Kaldi 0.1), got {model.lfmmi_leaky_hmm}")
-    for option in ("lfmmi_xent_regularize", "lfmmi_output_l2"):
+    for option in ("lfmmi_xent_regularize", "lfmmi_xent_lr_factor", "lfmmi_output_l2", "lfmmi_transition_scale"):
         if not getattr(model, option) >= 0:
-            add(f"{src} [model] {option}: expected a weight >= 0, got {getattr(model, option)}")
+            add(f"{src} [model] {option}: expected a value >= 0, got {getattr(model, option)}")
     if model.lfmmi_phone_lm_order < 1:
         add(f"{src} [model] lfmmi_phone_lm_order: expected an order >= 1 (Kaldi 4), got {model.lfmmi_phone_lm_order}")
     if model.lfmmi_tolerance < 0:
         add(f"{src} [model] lfmmi_tolerance: expected frames >= 0, got {model.lfmmi_tolerance}")
+    factor = model.frame_subsampling_factor
+    if factor < 1:
+        add(f"{src} [model] frame_subsampling_factor: expected a factor >= 1 (Kaldi's chain models 3), got {factor}")
+    elif factor > 1 and model.objective != "lfmmi":
+        add(f"{src} [model] frame_subsampling_factor = {factor}: only for objective = lfmmi (a chain model's "
+            f"one-state topology lasts one output frame; a cross-entropy model's HMMs need the full rate)")
+    elif factor > 1 and 2 * model.lfmmi_tolerance + 1 < factor:
+        add(f"{src} [model] lfmmi_tolerance = {model.lfmmi_tolerance}: at frame_subsampling_factor = {factor} some "
+            f"output frames would allow no phone; Kaldi requires 2 lfmmi_tolerance + 1 >= frame_subsampling_factor")
 
 
 def _check_schedule(text: str, kind, epochs: int, where: str, add) -> None:
@@ -829,7 +863,10 @@ def _check_schedule(text: str, kind, epochs: int, where: str, add) -> None:
 RESOLVED_FROM = "# resolved from "
 # Options whose default changed: what a resolved config written before they existed meant by leaving
 # them out (plain RMSprop), so that resuming such a folder under the new default is seen as a change.
-LEGACY_DEFAULTS = {("architecture", "opt_bias_correction"): "False"}
+LEGACY_DEFAULTS = {("architecture", "opt_bias_correction"): "False",
+                   # the first LF-MMI: no output L2, every HMM arc weight 1, leak probabilities unnormalised
+                   ("model", "lfmmi_output_l2"): "0.0", ("model", "lfmmi_transition_scale"): "0.0",
+                   ("model", "lfmmi_initial_probs"): "unnormalised", ("model", "lfmmi_xent_lr_factor"): "1.0"}
 
 
 def option_default(section: str, option: str) -> Optional[str]:

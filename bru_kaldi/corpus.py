@@ -31,7 +31,7 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -96,6 +96,15 @@ def label_names(config: Config) -> list[str]:
     return [config.model.senone_lab] + ([config.model.mono_lab] if config.model.mono_lab != "none" else [])
 
 
+def transition_ids_of(lab_name: str) -> str:
+    """The name of the label stream that carries the transition-ids of ``lab_name`` (:class:`Corpus`).
+
+    >>> transition_ids_of("lab_cd")
+    'lab_cd:transition-ids'
+    """
+    return f"{lab_name}:transition-ids"
+
+
 def dataset_for(config: Config, name: str, with_labels: bool) -> Dataset:
     """The streams of data set ``name`` that the model uses: ``[model] inputs`` in that order (all of them when
     empty) and, with the labels, ``mse_target`` after them unless it is one; the labels when ``with_labels``."""
@@ -145,6 +154,8 @@ class Corpus:
         options: batching and strictness (:class:`LoaderOptions`).
         norm: a :class:`GlobalNorm` from the *training* corpus (:meth:`global_norm`), applied to the
             concatenated features; dev and test sets get the training set's, never their own.
+        transition_ids: label streams whose alignments' transition-ids ride along with their labels, as the
+            label stream :func:`transition_ids_of` ``(name)`` (LF-MMI's numerator is made from them).
 
     Attributes:
         keys: the usable utterances, in the order of the first feature stream.
@@ -157,12 +168,17 @@ class Corpus:
     at a time, and at most two chunks are alive (the one consumed and the one being prepared).
     """
 
-    def __init__(self, spec: Dataset, options: Optional[LoaderOptions] = None, norm: Optional[GlobalNorm] = None):
+    def __init__(self, spec: Dataset, options: Optional[LoaderOptions] = None, norm: Optional[GlobalNorm] = None,
+                 transition_ids: Sequence[str] = ()):
         self.spec, self.options, self.norm = spec, options or LoaderOptions(), norm
         if not spec.fea or spec.n_chunks < 1:
             raise ValueError(f"dataset {spec.data_name}: needs at least one feature stream and n_chunks >= 1")
         self.report: dict = {}
         self._kinds = {lab.lab_name: label_kind(lab.lab_opts) for lab in spec.lab}
+        unknown = set(transition_ids) - set(self._kinds)
+        if unknown:
+            raise ValueError(f"dataset {spec.data_name}: no label stream {sorted(unknown)} for transition-ids")
+        self._transition_ids = [lab for lab in spec.lab if lab.lab_name in transition_ids]
         self.sources = [FeatureSource(s) for s in spec.fea]
         self.stores: dict[str, AlignmentStore] = {}
         for lab in spec.lab:
@@ -259,6 +275,8 @@ class Corpus:
                 feats = self.norm.apply(feats)
             labels = {lab.lab_name: self.stores[lab.lab_folder].labels(key, self._kinds[lab.lab_name])[:frames]
                       for lab in self.spec.lab}
+            for lab in self._transition_ids:
+                labels[transition_ids_of(lab.lab_name)] = self.stores[lab.lab_folder].labels(key, "transition-id")[:frames]
             utterances.extend(self._limit(key, feats, labels))
         return utterances
 

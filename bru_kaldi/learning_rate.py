@@ -56,14 +56,15 @@ def halved_rate(initial: float, halving_factor: float, threshold: float, dev_err
     """The learning rate for the epoch after ``dev_errors`` (one per finished epoch).
 
     Halved (times ``halving_factor``) after every epoch whose relative dev improvement
-    ``(previous - current) / current`` fell under ``threshold``, as pytorch-kaldi and the TPAMI paper do.
+    ``(previous - current) / |current|`` fell under ``threshold``, as pytorch-kaldi and the TPAMI paper do
+    (``|current|``: an LF-MMI loss, the objective negated, may be below 0; a frame error of 0 halves).
 
-    >>> halved_rate(0.1, 0.5, 0.01, [0.5, 0.4, 0.399, 0.3])
-    0.05
+    >>> halved_rate(0.1, 0.5, 0.01, [0.5, 0.4, 0.399, 0.3]), halved_rate(0.1, 0.5, 0.01, [-0.1, -0.2, -0.201])
+    (0.05, 0.05)
     """
     lr = initial
     for previous, current in zip(dev_errors, dev_errors[1:]):
-        if current <= 0 or (previous - current) / current < threshold:
+        if current == 0 or (previous - current) / abs(current) < threshold:
             lr *= halving_factor
     return lr
 

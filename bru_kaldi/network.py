@@ -252,11 +252,16 @@ def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optiona
     check_architectures(config)
     check_output_sizes(config, num_pdfs, num_mono)
     sources = _sources(config, input_dim, stream_dims)
+    factor, subsampling = config.model.frame_subsampling_factor, config.model.frame_subsampling
+    spliced = factor if factor > 1 and subsampling == "splice" else 1  # frames side by side in the first input
+    if spliced > 1 and sources is not None:
+        raise ConfigError(f"{config.source} [model] frame_subsampling = splice: not with [architectureN] inputs "
+                          "(their columns are those of one frame); use frame_subsampling = output")
     stacks = []
     for k, name in enumerate(config.model.stack):
         arch = config.architecture(name)
         if sources is None:
-            size = stacks[-1].output_size if stacks else input_dim
+            size = stacks[-1].output_size if stacks else input_dim * spliced
         else:
             size = sum(i.stop - i.start if isinstance(i, slice) else stacks[i].output_size for i in sources[k])
         stacks.append(_build_stack(arch, size, arch.sizes))
@@ -268,7 +273,8 @@ def build_model(config: Config, input_dim: int, num_pdfs: int, num_mono: Optiona
     features = config.model.stack.index(config.model.features_arch) if config.model.features_arch else None
     model = AcousticModel(stacks, num_pdfs if config.model.senone_output else 0, num_mono, mse_stack,
                           xent_head=config.model.objective == "lfmmi", sources=sources,
-                          input_size=input_dim if sources is not None else None, feature_stack=features)
+                          input_size=input_dim if sources is not None else None, feature_stack=features,
+                          frame_subsampling_factor=factor, frame_subsampling=subsampling)
     names = [a.arch_name for a in trained_architectures(config)]
     groups = [list(stack.parameters()) for stack in model.stacks] + [[] for _ in names[len(stacks):]]
     last = config.model.stack[-1]

@@ -21,6 +21,7 @@ from torch.nn import functional as F
 from bru_kaldi.atomic import write_atomically
 from bru_kaldi.batching import IGNORE
 from bru_kaldi.config import OPTIMIZERS, Config, ConfigError, Model
+from bru_kaldi.corpus import transition_ids_of
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,17 @@ def frame_squared_error(output: torch.Tensor, target: torch.Tensor, real: torch.
     return (output.float() - target.float())[real].square().sum() / output.size(-1)
 
 
+def output_frames(labels: torch.Tensor, factor: int, frame_shift: int, output: torch.Tensor) -> torch.Tensor:
+    """The labels ``(B, T)`` of a network's output frames ``(B, T', C)``: input frames ``f t + frame_shift``.
+
+    >>> output_frames(torch.tensor([[1, 2, 3, 4, 5, -100]]), 3, 1, torch.zeros(1, 2, 7)).tolist()
+    [[2, 5]]
+    """
+    return labels[:, frame_shift::factor][:, :output.shape[1]]
+
+
 def batch_loss(out: dict, labels: dict, model: Model, global_frames: int, world: int = 1,
-               target: Optional[torch.Tensor] = None, chain=None):
+               target: Optional[torch.Tensor] = None, chain=None, frame_shift: int = 0):
     """The training loss of one batch (or this rank's share of it) and the senone statistics.
 
     Senone cross-entropy plus ``mono_weight`` x the monophone cross-entropy (pytorch-kaldi's
@@ -105,8 +115,11 @@ def batch_loss(out: dict, labels: dict, model: Model, global_frames: int, world:
         labels: the batch's label streams by name, ``(B, T)``.
         model: ``[model]`` of the config (``senone_lab``, ``mono_lab``, ``mono_weight``, ``mse_weight``).
         target: ``(B, T, D)``, the features ``out["mse"]`` is compared with (``[model] mse_target``).
-        chain: ``[model] objective = lfmmi``'s ``ChainSupervision`` (``bru_kaldi.chain``): the senone term, and
-            the loss reported, are then the LF-MMI loss summed over frames (frame errors: the best pdf's).
+        chain: ``[model] objective = lfmmi``'s ``ChainSupervision`` (``bru_kaldi.chain``): the senone term is then
+            the LF-MMI loss summed over the output frames, the loss reported its objective alone, negated (frame
+            errors: the best pdf's); the labels include the senone stream's transition-ids
+            (``corpus.transition_ids_of``), and ``out`` is at ``1 / frame_subsampling_factor`` of their rate,
+            from input frame ``frame_shift`` on. ``global_frames`` then counts output frames.
 
     Without a senone output (``"senone"`` not in ``out``: ``[model] senone_output = False``) the loss is the
     mse term alone and the statistics are its sum and pytorch-kaldi's ``cost_err`` of the mse output: frames
@@ -123,19 +136,26 @@ def batch_loss(out: dict, labels: dict, model: Model, global_frames: int, world:
         total = model.mse_weight * frame_squared_error(out["mse"], target, real)
         errors = int(((out["mse"].argmax(-1) != labels[model.senone_lab]) & real).sum())
         return total / global_frames * world, (float(total.detach()), errors, int(real.sum()))
-    senone_sum, errors, frames = frame_cross_entropy(out["senone"], labels[model.senone_lab])
-    if chain is not None:
+    if chain is None:
+        senone_sum, errors, frames = frame_cross_entropy(out["senone"], labels[model.senone_lab])
+        reported = senone_sum
+    else:  # the loss is LF-MMI's, with its regularisers; what res.res reports, its objective alone, negated
+        pdfs = output_frames(labels[model.senone_lab], chain.frame_subsampling_factor, frame_shift, out["senone"])
+        _, errors, frames = frame_cross_entropy(out["senone"], pdfs)  # the best pdf's frame errors
         xent = out["xent"].float() if "xent" in out else None
-        result = chain.loss(out["senone"].float(), labels[model.senone_lab], xent)
-        senone_sum = result.loss * result.num_frames
+        result = chain.loss(out["senone"].float(), labels[transition_ids_of(model.senone_lab)], xent, frame_shift)
+        senone_sum, reported = result.loss * result.num_frames, torch.tensor(-result.objf * result.num_frames)
     total = senone_sum
     if "mono" in out:
-        total = total + model.mono_weight * frame_cross_entropy(out["mono"], labels[model.mono_lab])[0]
+        mono = labels[model.mono_lab]
+        if chain is not None:
+            mono = output_frames(mono, chain.frame_subsampling_factor, frame_shift, out["mono"])
+        total = total + model.mono_weight * frame_cross_entropy(out["mono"], mono)[0]
     if "mse" in out:
         if target is None:
             raise ValueError("the model has an mse output ([model] mse_arch) but the batch no mse_target features")
         total = total + model.mse_weight * frame_squared_error(out["mse"], target, labels[model.senone_lab] != IGNORE)
-    return total / global_frames * world, (float(senone_sum.detach()), errors, frames)
+    return total / global_frames * world, (float(reported.detach()), errors, frames)
 
 
 class Diverged(FloatingPointError):
@@ -178,6 +198,30 @@ class BiasCorrectedRMSprop(torch.optim.Adam):
         super().__init__(params, lr=lr, betas=(0.0, alpha), eps=eps, weight_decay=weight_decay)
 
 
+def param_groups(params: list, model: torch.nn.Module, config_model: Model) -> list[dict]:
+    """An architecture's parameters as optimiser groups: one, or with LF-MMI's cross-entropy head among them a
+    second that learns at ``[model] lfmmi_xent_lr_factor`` times the rate, by default (0) ``0.5 /
+    xent_regularize``, as Kaldi's recipes set the ``output-xent`` layer's ``learning-rate-factor`` (the head's
+    gradient is scaled down by ``xent_regularize``, its rate up). The training loop multiplies each group's
+    rate by its ``lr_factor``.
+
+    >>> from types import SimpleNamespace as S
+    >>> head, body = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    >>> groups = param_groups([*body.parameters(), *head.parameters()], S(xent=head),
+    ...                       S(lfmmi_xent_regularize=0.1, lfmmi_xent_lr_factor=0.0))
+    >>> [(len(g["params"]), g["lr_factor"]) for g in groups]
+    [(2, 1.0), (2, 5.0)]
+    """
+    head = getattr(model, "xent", None)
+    xent = {id(p) for p in head.parameters()} if head is not None else set()
+    mine = [p for p in params if id(p) in xent]
+    if not mine:
+        return [{"params": params, "lr_factor": 1.0}]
+    factor = config_model.lfmmi_xent_lr_factor or 0.5 / max(config_model.lfmmi_xent_regularize, 1e-10)
+    return [{"params": [p for p in params if id(p) not in xent], "lr_factor": 1.0},
+            {"params": mine, "lr_factor": factor}]
+
+
 def make_optimizer(name: str, params, lr: float, arch) -> torch.optim.Optimizer:
     """One optimiser per architecture, as pytorch-kaldi: ``arch`` carries its ``opt_*`` options."""
     if name == "rmsprop" and arch.opt_bias_correction:
@@ -196,6 +240,14 @@ def make_optimizer(name: str, params, lr: float, arch) -> torch.optim.Optimizer:
     if name == "adadelta":
         return torch.optim.Adadelta(params, lr=lr, rho=arch.opt_rho, eps=arch.opt_eps, weight_decay=arch.opt_weight_decay)
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+def dev_criterion(config: Config) -> str:
+    """``[exp] dev_criterion`` resolved: ``"loss"`` or ``"frame_error"`` (``auto``: the loss for LF-MMI, whose
+    output is not trained to classify frames, as Kaldi's chain recipes follow its objective; else the error)."""
+    if config.exp.dev_criterion != "auto":
+        return config.exp.dev_criterion
+    return "loss" if config.model.objective == "lfmmi" else "frame_error"
 
 
 def epochs_since_best(dev_errors: Sequence[float]) -> int:
@@ -221,7 +273,8 @@ def stopped_early(dev_errors: Sequence[float], patience: int) -> bool:
 
 
 # --------------------------------------------------------------------------- the end of an epoch, of a run
-def keep_best_weights(model: torch.nn.Module, best: Path, errors: Sequence[float], patience: int) -> None:
+def keep_best_weights(model: torch.nn.Module, best: Path, errors: Sequence[float], patience: int,
+                      what: str = "frame error") -> None:
     """Load the weights of the epoch with the lowest dev error (of ``errors``, one per epoch) from ``best``
     (the experiment's ``best.pt``) into ``model``: with ``[exp] patience`` they, not the last epoch's,
     become ``final.pt``."""
@@ -233,8 +286,8 @@ def keep_best_weights(model: torch.nn.Module, best: Path, errors: Sequence[float
         log.warning("%s has no weights of epoch %d (the best on dev); final.pt holds the last epoch's", best, best_epoch)
         return
     model.load_state_dict(saved["model"])
-    log.info("training %s after %d epochs; final.pt holds epoch %d's weights (dev frame error %.4f, the lowest)",
-             stop, len(errors), best_epoch, errors[best_epoch - 1])
+    log.info("training %s after %d epochs; final.pt holds epoch %d's weights (dev %s %.4f, the lowest)",
+             stop, len(errors), best_epoch, what, errors[best_epoch - 1])
 
 
 @torch.no_grad()

@@ -22,6 +22,14 @@ class AcousticModel(nn.Module):
     ``num_senones = 0`` leaves the senone output out (an autoencoder trained by its mse alone), and
     ``feature_stack = k`` returns the output of ``stacks[k]`` as ``"features"`` (its code, what forward writes).
 
+    ``frame_subsampling_factor = f`` gives the outputs at ``1 / f`` of the input's frame rate, as Kaldi's chain
+    models (``f = 3``): output frame ``t`` is input frame ``f t + frame_shift`` (``forward``'s argument, ``0 <=
+    frame_shift < f``: training shifts it from one pass over the data to the next), ``ceil((T - frame_shift) /
+    f)`` of them (:meth:`output_lengths`). ``frame_subsampling = "output"`` runs the stacks at the full rate
+    and keeps every ``f``-th output frame; ``"splice"`` puts ``f`` consecutive input frames side by side (the
+    first stack's input is ``f`` times as wide; a last, partial group is completed with zeros) and runs the
+    stacks at ``1 / f`` of the rate, ``f`` times fewer recurrent steps.
+
     By default each stack reads the one before (the first, ``x``) and the outputs read the last. ``sources``
     wires a graph instead (pytorch-kaldi's ``concatenate`` of streams and of architectures' outputs): one list
     per stack, then one for the output layers, of what each reads, concatenated per frame in that order:
@@ -43,6 +51,10 @@ class AcousticModel(nn.Module):
     >>> net = AcousticModel([a, b, c], 20, sources=[[slice(0, 10)], [slice(10, 13)], [0, 1], [2]], input_size=13)
     >>> net(torch.randn(2, 7, 13), torch.tensor([7, 4]))["senone"].shape
     torch.Size([2, 7, 20])
+    >>> net = AcousticModel([models.build_stack("gru", 39, [8])], 20, frame_subsampling_factor=3,
+    ...                     frame_subsampling="splice")  # 3 frames of 13 side by side
+    >>> net(torch.randn(2, 7, 13), torch.tensor([7, 4]), frame_shift=1)["senone"].shape, net.input_size
+    (torch.Size([2, 2, 20]), 13)
     >>> enc, dec = models.build_stack("mlp", 13, [4]), models.build_stack("mlp", 4, [13])  # an autoencoder
     >>> out = AcousticModel([enc, dec], 0, mse_stack=1, feature_stack=0)(torch.randn(2, 7, 13), torch.tensor([7, 4]))
     >>> sorted(out), out["features"].shape
@@ -52,8 +64,19 @@ class AcousticModel(nn.Module):
     def __init__(self, stacks: Sequence[RecurrentStack], num_senones: int, num_mono: Optional[int] = None,
                  mse_stack: Optional[int] = None, xent_head: bool = False,
                  sources: Optional[Sequence[Sequence[Union[int, slice]]]] = None, input_size: Optional[int] = None,
-                 feature_stack: Optional[int] = None):
+                 feature_stack: Optional[int] = None, frame_subsampling_factor: int = 1,
+                 frame_subsampling: str = "output"):
         super().__init__()
+        if frame_subsampling_factor < 1 or frame_subsampling not in ("output", "splice"):
+            raise ValueError(f"frame_subsampling_factor must be >= 1 and frame_subsampling output or splice, got "
+                             f"{frame_subsampling_factor} and {frame_subsampling!r}")
+        splice = frame_subsampling_factor > 1 and frame_subsampling == "splice"
+        if splice and (sources is not None or stacks[0].input_size % frame_subsampling_factor):
+            raise ValueError(f"frame_subsampling = splice needs the default wiring (no sources) and a first stack "
+                             f"whose input size, {stacks[0].input_size}, is {frame_subsampling_factor} frames' worth")
+        if frame_subsampling_factor > 1 and (mse_stack is not None or feature_stack is not None):
+            raise ValueError("frame subsampling is for the senone outputs of a chain model: no mse or features output")
+        self.frame_subsampling_factor, self.splice = frame_subsampling_factor, splice
         if not stacks:
             raise ValueError("an acoustic model needs at least one stack of layers")
         if mse_stack is not None and not 0 <= mse_stack < len(stacks):
@@ -68,7 +91,7 @@ class AcousticModel(nn.Module):
                 if before.output_size != after.input_size:
                     raise ValueError(f"a stack of output size {before.output_size} feeds one of input size {after.input_size}")
             width = stacks[-1].output_size
-            self.input_size = stacks[0].input_size
+            self.input_size = stacks[0].input_size // (frame_subsampling_factor if splice else 1)
         else:
             if input_size is None or len(sources) != len(stacks) + 1:
                 raise ValueError(f"sources needs input_size and one list per stack and one for the outputs "
@@ -108,7 +131,26 @@ class AcousticModel(nn.Module):
         parts = [x[..., item] if isinstance(item, slice) else outs[item] for item in items]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
-    def forward(self, x: torch.Tensor, lengths) -> dict[str, torch.Tensor]:
+    def output_lengths(self, lengths: torch.Tensor, frame_shift: int = 0) -> torch.Tensor:
+        """``(B,)`` output frames of utterances of ``lengths`` input frames: ``ceil((T - frame_shift) / f)``.
+
+        >>> import models
+        >>> AcousticModel([models.build_stack("gru", 4, [3])], 5, frame_subsampling_factor=3).output_lengths(
+        ...     torch.tensor([7, 6, 1]), frame_shift=1).tolist()
+        [2, 2, 0]
+        """
+        f = self.frame_subsampling_factor
+        return torch.div(lengths - frame_shift + f - 1, f, rounding_mode="floor").clamp(min=0)
+
+    def forward(self, x: torch.Tensor, lengths, frame_shift: int = 0) -> dict[str, torch.Tensor]:
+        f = self.frame_subsampling_factor
+        if not 0 <= frame_shift < f:
+            raise ValueError(f"frame_shift must lie in [0, {f}), got {frame_shift}")
+        if self.splice:  # (B, T, F) -> (B, T', f F): frames f t + shift .. f t + shift + f - 1 side by side
+            x = x[:, frame_shift:]
+            frames = -(-x.shape[1] // f)
+            x = torch.nn.functional.pad(x, (0, 0, 0, frames * f - x.shape[1])).reshape(x.shape[0], frames, -1)
+            lengths = self.output_lengths(torch.as_tensor(lengths), frame_shift)
         out, outs = {}, []
         for index, stack in enumerate(self.stacks):
             if self.sources is None:
@@ -122,6 +164,8 @@ class AcousticModel(nn.Module):
         if self.senone is None:
             return out
         x = outs[-1] if self.sources is None else self._gather(x, outs, self.sources[-1])
+        if f > 1 and not self.splice:  # (B, T, H) -> (B, T', H): every f-th frame from the shift
+            x = x[:, frame_shift::f]
         # The heads' products in aligned rows on the CPU (models.fast.products): their input gradient is
         # as wide as the last layer, 1100 floats for 550 units both ways, the width that slows GEMM.
         out["senone"] = linear(x, self.senone.weight, self.senone.bias)

@@ -20,12 +20,13 @@ from bru_kaldi.chain.supervision import estimate_denominator
 from bru_kaldi.config import ConfigError, parse_config
 from data_io import Corpus, LoaderOptions, dataset_for
 from bru_kaldi.feature_transforms import parse_fea_opts
+from bru_kaldi.kaldi.transition_model import read_transition_model
 from bru_kaldi.network import build_model
 from models.acoustic import AcousticModel
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG_DIR = ROOT / "cfg"
-CFGS = sorted(CFG_DIR.glob("*.cfg"))
+CFGS = sorted(CFG_DIR.glob("**/*.cfg"))  # and cfg/lfmmi_ablation/, the ablation of RESULTS.md
 MINI = [p for p in CFGS if p.name.startswith("MINI_")]
 MINIW = [p for p in CFGS if p.name.startswith("MINIW_")]  # the word task of the built-in corpus
 FBANK_DIM = 40  # the built-in corpus's features (and the 40-dim fMLLR of the Kaldi recipes)
@@ -37,19 +38,21 @@ KALDI_VIEW = {
     "TIMIT_FMLLR": dict(zip(("train", "dev", "test"), (f"data/{s}" for s in SPLITS))),
     "TIMIT_EXP": {"tri3_ali": "exp/mono_ali_train", "tri3_ali_dev": "exp/mono_ali_dev",
                   "tri3_ali_test": "exp/mono_ali_test", "tri3/graph": "exp/mono/graph",
-                  "tri3/graph_chain": "exp/mono/graph_chain"},
+                  "chain/tree_ali": "exp/chain_ali_train", "chain/tree_ali_dev": "exp/chain_ali_dev",
+                  "chain/tree_ali_test": "exp/chain_ali_test", "chain/tree/graph": "exp/chain/graph"},
     "WSJ_FMLLR": dict(zip(("train_si284", "test_dev93", "test_eval92"), (f"data/{s}" for s in SPLITS))),
     "WSJ_EXP": {"tri4b_ali_si284": "exp/mono_ali_train", "tri4b_ali_dev93": "exp/mono_ali_dev",
                 "tri4b_ali_eval92": "exp/mono_ali_test", "tri4b/graph_tgpr": "exp/mono/graph",
-                "tri4b/graph_chain_tgpr": "exp/mono/graph_chain"},
+                "chain/tree_ali_si284": "exp/chain_ali_train", "chain/tree_ali_dev93": "exp/chain_ali_dev",
+                "chain/tree_ali_eval92": "exp/chain_ali_test", "chain/tree/graph_tgpr": "exp/chain/graph"},
     "AMI_FMLLR": dict(zip(("train", "dev", "eval"), (f"data/{s}" for s in SPLITS))),
     "AMI_EXP": {"tri3_ali": "exp/mono_ali_train", "tri3_ali_dev": "exp/mono_ali_dev",
                 "tri3_ali_eval": "exp/mono_ali_test", "tri3/graph_ami_fsh.o3g.kn.pr1-7": "exp/mono/graph"},
 }
 DEFAULTED = ("WSJ_GRAPH", "AMI_GMM", "AMI_LM")  # optional variables: the cfgs' defaults are checked
 # the den.fst a Kaldi user makes with chain-make-den-fst for the LF-MMI configs (cfg/README.md): ours of the
-# tiny corpus's alignments stands in for it
-DEN_FSTS = {"TIMIT_EXP": "tri3_den/den.fst", "WSJ_EXP": "tri4b_den/den.fst"}
+# tiny corpus's chain alignments stands in for it
+DEN_FSTS = {"TIMIT_EXP": "chain/den.fst", "WSJ_EXP": "chain/den.fst"}
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +66,9 @@ def kaldi_view(tiny_corpus, tmp_path_factory) -> dict[str, Path]:
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).symlink_to(tiny_corpus.root / target, target_is_directory=True)
         folders[variable] = folder
-    graph = estimate_denominator(tiny_corpus.ali("train"), order=2)
+    graph = estimate_denominator(tiny_corpus.chain_ali("train"), order=2)
     for variable, name in DEN_FSTS.items():
-        (folders[variable] / name).parent.mkdir(parents=True)
+        (folders[variable] / name).parent.mkdir(parents=True, exist_ok=True)
         write_den_fst(graph, folders[variable] / name)
     return folders
 
@@ -113,6 +116,7 @@ def test_the_shipped_set_is_there():
 def test_cfg_parses_and_validates(path):
     cfg = parse_config(path)
     assert cfg.exp.out_folder == f"exp/{path.stem}"
+    assert path.parent == CFG_DIR or path.stem.startswith("MINIW_liGRU_lfmmi_")  # cfg/lfmmi_ablation/
     assert cfg.decoding.scoring == SCORING[corpus_of(path)]
     assert cfg.decoding.decoder == "auto" and len(cfg.decoding.acwt_sweep) >= 4
     use = cfg.data_use
@@ -170,10 +174,11 @@ def test_cfg_model_builds_and_runs(path):
     torch.manual_seed(0)
     model = build(cfg)
     x, lengths = torch.randn(2, 7, input_dim(cfg)), torch.tensor([7, 4])
+    frames = -(-7 // cfg.model.frame_subsampling_factor)  # a chain model's output: every third frame
     for training in (True, False):
         model.train(training)
         out = model(x, lengths)
-        assert out["senone"].shape == (2, 7, 119)
+        assert out["senone"].shape == (2, frames, 119)
         assert bool(torch.isfinite(out["senone"]).all())
         assert ("mono" in out) == (cfg.model.mono_lab != "none")
 
@@ -228,14 +233,20 @@ def test_the_tiny_size_reads_every_corpus_path_from_its_own_folder(path, monkeyp
 
 @pytest.mark.parametrize("path", [p for p in CFGS if "objective = lfmmi" in p.read_text()], ids=lambda p: p.stem)
 def test_lfmmi_cfgs_decode_as_kaldi_chain_models(path):
-    """Every LF-MMI config decodes on a chain graph (self-loop scale 1.0), at acoustic scale 1.0 with
-    lattices scaled by 10, as Kaldi's chain models; its denominator is estimated from the alignments (the
-    built-in corpus's monophones) or a den.fst that exists (a Kaldi recipe's triphone tree)."""
+    """Every LF-MMI config decodes on a chain graph (transition and self-loop scale 1.0, as its denominator), at
+    acoustic scale 1.0 with lattices scaled by 10, as Kaldi's chain models; the shipped ones train a chain model
+    (the chain topology, at a third of the frame rate) and estimate their denominator from its alignments (the
+    built-in corpus's monophones) or read a den.fst that exists (a Kaldi recipe's chain tree)."""
     cfg = parse_config(path)
-    graphs = {Path(lab.lab_graph).name for d in cfg.datasets for lab in d.lab if lab.lab_name == cfg.model.senone_lab}
-    assert graphs and all(g.startswith("graph_chain") for g in graphs), graphs
+    labs = [lab for d in cfg.datasets for lab in d.lab if lab.lab_name == cfg.model.senone_lab]
+    assert labs and all("chain" in lab.lab_graph for lab in labs), [lab.lab_graph for lab in labs]
     assert (cfg.decoding.acwt, cfg.decoding.post_decode_acwt) == (1.0, 10.0) and 1.0 in cfg.decoding.acwt_sweep
     assert cfg.model.lfmmi_den_fst == "" if path in MINI + MINIW else read_den_fst(cfg.model.lfmmi_den_fst).num_states
+    if path.parent == CFG_DIR:  # (the ablation's configs undo the fixes one by one)
+        assert cfg.model.frame_subsampling_factor == 3 and cfg.model.frame_subsampling == "output"
+        chain_topology = read_transition_model(Path(labs[0].lab_folder) / "final.mdl")
+        assert not chain_topology.topology.is_hmm  # a forward and a self-loop pdf: the chain topology
+        assert (cfg.model.lfmmi_transition_scale, cfg.model.lfmmi_initial_probs) == (1.0, "kaldi")
 
 
 @pytest.mark.parametrize("name, variable", [("TIMIT_liBRU", "TIMIT_EXP"), ("TIMIT_liBRU", "TIMIT_FMLLR"),
@@ -249,7 +260,7 @@ def test_unset_variable_is_an_error_naming_it(monkeypatch, name, variable):
 def test_readme_lists_every_cfg_and_every_variable():
     readme = (CFG_DIR / "README.md").read_text()
     for path in CFGS:
-        assert f"`{path.name}`" in readme, f"cfg/README.md does not list {path.name}"
+        assert f"`{path.relative_to(CFG_DIR)}`" in readme, f"cfg/README.md does not list {path.relative_to(CFG_DIR)}"
     variables = {v for p in CFGS for v in re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", p.read_text())}
     assert variables == {"MINI_TIMIT", *KALDI_VIEW, *DEFAULTED}
     for variable in variables:

@@ -20,13 +20,86 @@ import pytest
 import torch
 
 from bru_kaldi.chain import objective
-from bru_kaldi.chain.graph import (ChainGraph, alignment_segments, denominator_graph, denominator_initial_probs,
-                                   numerator_graph)
+from bru_kaldi.chain.graph import ChainGraph, denominator_graph, denominator_initial_probs
 from bru_kaldi.chain.objective import (ChainObjective, denominator_forward_backward, forward_backward,
                                        lfmmi_loss, numerator_forward_backward)
 
 
 # --- references ---------------------------------------------------------------------------------------
+
+def alignment_segments(pdf_alignment) -> list[tuple[int, int, int]]:
+    """The maximal runs of one pdf in a frame-level alignment, as ``(pdf, first_frame, end_frame)`` with
+    ``end_frame`` exclusive.
+
+    >>> alignment_segments([4, 4, 7, 4])
+    [(4, 0, 2), (7, 2, 3), (4, 3, 4)]
+    """
+    frames = [int(p) for p in (pdf_alignment.tolist() if hasattr(pdf_alignment, "tolist") else pdf_alignment)]
+    segments = []
+    for t, p in enumerate(frames):
+        if segments and segments[-1][0] == p:
+            segments[-1][2] = t + 1
+        else:
+            segments.append([p, t, t + 1])
+    return [tuple(s) for s in segments]
+
+
+def numerator_graph(pdf_alignment, tolerance: int = 0, dtype: torch.dtype = torch.float64) -> ChainGraph:
+    """A numerator-like FSA with time windows, for the objective's tests: the pdf sequences of a pdf
+    alignment's length ``T`` within ``tolerance`` frames of its segment boundaries, each with weight 1.
+    (Training makes its numerators from phones and the HMMs, as Kaldi: ``bru_kaldi.chain.numerator``; this
+    simpler rule gives windows whose every accepted sequence is easy to list, :func:`by_the_rule`.)
+
+    The rule. Cut the alignment into its ``K`` segments (:func:`alignment_segments`), segment ``k`` with
+    pdf ``p_k`` on frames ``[s_k, e_k)``. A sequence ``y_0 .. y_{T-1}`` is accepted if and only if it is
+    ``p_1`` repeated ``n_1 >= 1`` times, then ``p_2`` ``n_2 >= 1`` times, ..., then ``p_K`` ``n_K >= 1``
+    times (segments in order, none skipped, none vanishing), and every frame ``t`` that emits segment ``k``
+    lies in that segment's frames widened by ``tolerance`` on both sides: ``s_k - tolerance <= t <= e_k - 1 +
+    tolerance``. Equivalently: segment ``k`` starts at a frame ``b_k`` with ``b_1 = 0``, ``b_1 < b_2 < ...
+    < b_K < T`` and ``|b_k - s_k| <= tolerance`` (each boundary moves by at most ``tolerance`` frames).
+    ``tolerance = 0`` accepts the alignment alone. This is Kaldi's ``--left-tolerance`` /
+    ``--right-tolerance`` (each phone kept within its aligned frames widened by the tolerance), applied to
+    segments of a pdf alignment instead of to phones. Adjacent segments have different pdfs, so an accepted
+    sequence has one path: its weight is exactly 1.
+
+    The FSA is the alignment's segments in a row, with the rule's time limits as windows: state 0 is the
+    start (initial weight 1), state ``k`` (1-based) "frame just emitted segment ``k``", with arcs ``k -> k``
+    and ``k - 1 -> k`` emitting ``p_k``; ``windows[t]`` opens state ``k`` after frame ``t`` only where the rule
+    lets frame ``t`` emit segment ``k``; state ``K`` is the one final state (weight 1). ``K + 1`` states and
+    ``2 K`` arcs serve all ``T`` frames; it accepts sequences of length ``T`` only.
+
+    >>> g = numerator_graph([5, 5, 6])
+    >>> g.num_states, g.pdf.tolist(), g.final.tolist(), g.windows.tolist()
+    (3, [5, 5, 6, 6], [0.0, 0.0, 1.0], [[0.0, 1.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    >>> numerator_graph([5, 5, 6], tolerance=1).windows[1].tolist()  # frame 1 may emit either: 5 5 6 or 5 6 6
+    [0.0, 1.0, 1.0]
+    """
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be >= 0, not {tolerance}")
+    # :func:`alignment_segments` in tensor ops: a training batch makes one of these per utterance per
+    # step, and a Python loop over frames and segments took as long as the C++ forward-backward
+    frames = torch.as_tensor(pdf_alignment, dtype=torch.int64).reshape(-1)
+    num_frames = frames.shape[0]
+    if not num_frames:
+        raise ValueError("an empty alignment has no numerator graph")
+    starts = torch.ones(num_frames, dtype=torch.bool)
+    starts[1:] = frames[1:] != frames[:-1]
+    first = starts.nonzero().reshape(-1)  # (K,) s_k
+    end = torch.cat([first[1:], first.new_tensor([num_frames])])  # (K,) e_k
+    count = first.shape[0]
+    k = torch.arange(1, count + 1)
+    src = torch.stack([k - 1, k], dim=1).reshape(-1)  # per segment: k - 1 -> k, then k -> k
+    dst = k.repeat_interleave(2)
+    pdf = frames[first].repeat_interleave(2)
+    time = torch.arange(num_frames)[:, None]
+    windows = torch.zeros(num_frames, count + 1, dtype=dtype)
+    windows[:, 1:] = ((time >= first - tolerance) & (time < end + tolerance)).to(dtype)
+    windows[0, 2:] = 0.0  # (the first frame can only be segment 1's; the arcs say so too)
+    initial, final = torch.zeros(count + 1, dtype=dtype), torch.zeros(count + 1, dtype=dtype)
+    initial[0], final[count] = 1.0, 1.0
+    return ChainGraph(count + 1, src, dst, pdf, torch.ones(2 * count, dtype=dtype), initial, final, windows)
+
+
 
 def random_graph(seed, num_states, num_pdfs, final_ones=False):
     """1 to 3 arcs out of every state (self-loops and parallel arcs allowed), weights in [0.2, 1], initial
@@ -188,13 +261,34 @@ def test_a_broken_recursion_is_caught(monkeypatch):
 
 # --- the denominator's initial probabilities ------------------------------------------------------------
 
-def test_initial_probs_average_the_first_steps_from_the_start_state():
-    # 0 -> 1 (0.25) or 0 -> 0 (0.75); 1 -> 0 (weight 2: renormalised away); p_0 = [1, 0], p_1 = [3/4, 1/4],
-    # p_2 = [3/4 * 3/4 + 1/4 * 2, 3/4 * 1/4] / sum = [17/20, 3/20]
+def test_initial_probs_are_kaldis_set_initial_probs_by_hand():
+    """Kaldi's DenominatorGraph::SetInitialProbs: each state's arcs and final weight scaled to sum 1, then the
+    occupancy from the start state averaged over the first steps, renormalised after each step."""
+    # 0 -> 0 (0.75), 0 -> 1 (0.25); 1 -> 0 (2.0), and state 1's final weight 2.0: normalised, 1 -> 0 is 1/2
     graph = ChainGraph.from_arcs(2, [(0, 0, 0, 0.75), (0, 1, 1, 0.25), (1, 0, 0, 2.0)])
+    final = torch.tensor([0.0, 2.0], dtype=torch.float64)
+    # p_0 = [1, 0]; p_1 = [3/4, 1/4]; p_2 = [3/4 * 3/4 + 1/4 * 1/2, 3/4 * 1/4] / (11/16 + 3/16) = [11/14, 3/14]
+    torch.testing.assert_close(denominator_initial_probs(graph, num_iters=3, final=final),
+                               torch.tensor([(1 + 3 / 4 + 11 / 14) / 3, (0 + 1 / 4 + 3 / 14) / 3], dtype=torch.float64))
+    # without final weights 1 -> 0 is 1: p_2 = [3/4 * 3/4 + 1/4, 3/16] = [13/16, 3/16]
     torch.testing.assert_close(denominator_initial_probs(graph, num_iters=3),
-                               torch.tensor([(1 + 3 / 4 + 17 / 20) / 3, (0 + 1 / 4 + 3 / 20) / 3],
-                                            dtype=torch.float64))
+                               torch.tensor([(1 + 3 / 4 + 13 / 16) / 3, (0 + 1 / 4 + 3 / 16) / 3], dtype=torch.float64))
+    # this toolkit's first version, kept for the ablation: no normalisation, 1 -> 0 keeps its 2:
+    # p_2 = [3/4 * 3/4 + 1/4 * 2, 3/4 * 1/4] / sum = [17/20, 3/20]
+    torch.testing.assert_close(denominator_initial_probs(graph, num_iters=3, final=final, normalise=False),
+                               torch.tensor([(1 + 3 / 4 + 17 / 20) / 3, (0 + 1 / 4 + 3 / 20) / 3], dtype=torch.float64))
+
+
+def test_normalised_initial_probs_do_not_favour_a_state_with_many_arcs():
+    """Silence's four-way branching, in small: state 1 has four arcs of weight 1 (three self-loops with their
+    own pdfs, one back to 0), state 0 two (itself, 1); weights that are not a distribution. Normalised, 1 -> 0
+    is 1/4 and 0 -> 1 is 1/2: the stationary law is [1/3, 2/3]. Unnormalised, the occupancy follows the
+    Perron vector of [[1, 1], [1, 3]], (1 + sqrt 2) / (2 + sqrt 2) = 1 / sqrt 2 on state 1."""
+    graph = ChainGraph.from_arcs(2, [(0, 0, 0, 1.0), (0, 1, 0, 1.0)] + [(1, 1, p, 1.0) for p in range(3)]
+                                 + [(1, 0, 3, 1.0)])
+    kaldi, unnormalised = (denominator_initial_probs(graph, num_iters=2000, normalise=n) for n in (True, False))
+    assert kaldi.tolist() == pytest.approx([1 / 3, 2 / 3], abs=2e-3)  # the average keeps 1/2000 of the start
+    assert float(unnormalised[1]) == pytest.approx(2 ** -0.5, abs=2e-3)
 
 
 def test_initial_probs_tend_to_the_stationary_distribution_of_a_stochastic_graph():
@@ -218,8 +312,10 @@ def test_denominator_graph_makes_every_state_final_and_rejects_dead_graphs():
     graph = denominator_graph(3, [(0, 1, 0, 1.0), (1, 2, 1, 1.0), (2, 0, 0, 0.5), (2, 2, 1, 0.5)])
     assert graph.final.tolist() == [1.0, 1.0, 1.0]
     assert float(graph.initial.sum()) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="dies out"):
+    with pytest.raises(ValueError, match="state 1 has neither arcs nor a final weight"):  # Kaldi asserts it
         denominator_initial_probs(ChainGraph.from_arcs(2, [(0, 1, 0, 1.0)]))
+    with pytest.raises(ValueError, match="dies out"):
+        denominator_initial_probs(ChainGraph.from_arcs(2, [(0, 1, 0, 1.0)]), normalise=False)
 
 
 # --- the numerator graph ------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
+import torch
 
 from bru_kaldi.chain.den_graph import DenominatorGraph, denominator_graph, read_den_fst, write_den_fst
 from bru_kaldi.kaldi.rspecifiers import KaldiIOError
@@ -84,24 +85,26 @@ def test_pruning_keeps_short_histories_and_the_most_frequent_long_ones():
 # --------------------------------------------------------------------------- the denominator graph
 def toy_model(phones=(1, 2), loop=0.6):
     """A 2-state left-to-right HMM for every phone, each state with a self-loop; forward pdf 2 (phone - 1) +
-    state, self-loop pdf 10 more (a chain topology's distinct pdfs, so that a mix-up shows)."""
+    state, self-loop pdf 10 more (a chain topology's distinct pdfs, so that a mix-up shows); the transition
+    model's probabilities are the topology's."""
     entry = [HmmState(0, 0, ((0, loop), (1, 1 - loop))), HmmState(1, 1, ((1, loop), (2, 1 - loop))),
              HmmState(-1, -1, ())]
     tuples = [TransitionState(p, s, 2 * (p - 1) + s, 12 + 2 * (p - 1) + s) for p in phones for s in (0, 1)]
     phone2idx = [-1] * (max(phones) + 1)
     for p in phones:
         phone2idx[p] = 0
-    return TransitionModel(HmmTopology(list(phones), phone2idx, [entry]), tuples, [0.0] * (2 * len(tuples) + 1)), entry
+    log_probs = [0.0] + [np.log(q) for _ in tuples for q in (loop, 1 - loop)]
+    return TransitionModel(HmmTopology(list(phones), phone2idx, [entry]), tuples, log_probs), entry
 
 
 def graph_sums(graph, T):
-    """Brute force over the graph: the total weight of every path of T arcs from an initial state to a final
+    """Brute force over the graph: the total weight of every path of T arcs from the start state to a final
     one, by pdf sequence."""
     out = defaultdict(float)
     by_source = defaultdict(list)
     for a in range(len(graph.src)):
         by_source[graph.src[a]].append(a)
-    paths = [(s, (), graph.initial[s]) for s in range(graph.num_states) if graph.initial[s] > 0]
+    paths = [(graph.start, (), 1.0)]
     for _ in range(T):
         paths = [(graph.dst[a], pdfs + (int(graph.pdf[a]),), w * graph.weight[a])
                  for s, pdfs, w in paths for a in by_source[s]]
@@ -112,26 +115,42 @@ def graph_sums(graph, T):
 
 def reference_sums(lm, entry, T, scale):
     """Brute force over the definition: every phone sequence (its LM probability, the end included) and, for
-    each phone, every path through its HMM, the frames of all phones adding up to T."""
+    each phone, every path through its HMM, the frames of all phones adding up to T. A path's frames are in
+    Kaldi's reordered arc order: for each state it passes through, the transition that leaves it (its forward
+    pdf), then its self-loops (its self-loop pdf); its weight is the product of its transitions'
+    probabilities to the power ``scale``."""
     def phone_paths(p):  # (pdfs, weight) of each way through phone p's HMM, at most T frames
         out, todo = [], [(0, (), 1.0)]
         while todo:
             state, pdfs, w = todo.pop()
-            if len(pdfs) == T:
-                continue
+            (_, loop), = [t for t in entry[state].transitions if t[0] == state]
             for destination, probability in entry[state].transitions:
-                pdf = 2 * (p - 1) + state + (12 if destination == state else 0)
-                step = (pdfs + (pdf,), w * probability ** scale)
-                if entry[destination].transitions:
-                    todo.append((destination,) + step)
-                else:
-                    out.append(step)
+                if destination == state:
+                    continue
+                for loops in range(T - len(pdfs)):  # the transition out of state, then its self-loops
+                    step = (pdfs + (2 * (p - 1) + state,) + (12 + 2 * (p - 1) + state,) * loops,
+                            w * (probability * loop ** loops) ** scale)
+                    if entry[destination].transitions:
+                        todo.append((destination,) + step)
+                    else:
+                        out.append(step)
         return out
 
+    paths_of = {p: phone_paths(p) for p in sorted({p for _, p, _, _ in lm.arcs})}
+
+    def joined(sequence, frames):  # (pdfs, weight) of the phones of sequence in exactly `frames` frames
+        if not sequence:
+            if frames == 0:
+                yield (), 1.0
+            return
+        for pdfs, w in paths_of[sequence[0]]:
+            if len(pdfs) <= frames:
+                for rest, v in joined(sequence[1:], frames - len(pdfs)):
+                    yield pdfs + rest, w * v
+
     out = defaultdict(float)
-    phones = sorted({p for _, p, _, _ in lm.arcs})
     for n in range(1, T + 1):
-        for sequence in itertools.product(phones, repeat=n):
+        for sequence in itertools.product(sorted(paths_of), repeat=n):
             state, probability = 0, 1.0
             for p in sequence:
                 arc = [a for a in lm.arcs if a[0] == state and a[1] == p]
@@ -143,30 +162,48 @@ def reference_sums(lm, entry, T, scale):
             probability *= lm.final[state] if probability else 0.0
             if probability == 0:
                 continue
-            for pieces in itertools.product(*(phone_paths(p) for p in sequence)):
-                pdfs = sum((piece[0] for piece in pieces), ())
-                if len(pdfs) == T:
-                    out[pdfs] += probability * np.prod([piece[1] for piece in pieces])
+            for pdfs, w in joined(sequence, T):
+                out[pdfs] += probability * w
     return {k: v for k, v in out.items() if v > 0}
 
 
-@pytest.mark.parametrize("scale", [0.0, 1.0])
+@pytest.mark.parametrize("scale", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("order", [1, 2, 3])
 def test_the_denominator_graph_sums_every_phone_sequence_and_hmm_path(order, scale):
     tm, entry = toy_model()
     lm = estimate_phone_lm([[1, 2, 1], [2, 2], [1], [2, 1, 1, 2]], order=order)
     graph = denominator_graph(lm, tm, transition_scale=scale)
-    for T in range(1, 6):
+    for T in range(1, 7):
         ours, reference = graph_sums(graph, T), reference_sums(lm, entry, T, scale)
         assert ours.keys() == reference.keys(), T
         for pdfs in reference:
-            assert ours[pdfs] == pytest.approx(reference[pdfs], rel=1e-12), (T, pdfs)
+            # rel 1e-6: the transition model keeps its log-probabilities in float32, as Kaldi's
+            assert ours[pdfs] == pytest.approx(reference[pdfs], rel=1e-6), (T, pdfs)
+
+
+def test_the_arcs_carry_kaldis_reordered_weights():
+    """Arc by arc, Kaldi's H (GetTransitionLogProbIgnoringSelfLoops) with AddSelfLoopsReorder's factor, by hand:
+    the weights of a path alone cannot tell where along it a factor sits, and the decoding graph's arcs
+    carry them where Kaldi puts them."""
+    tm, _ = toy_model(phones=(1,), loop=0.6)
+    graph = denominator_graph(estimate_phone_lm([[1, 1]], order=1), tm)
+    named = {(graph.states[a], graph.states[b]): (int(p), float(w), int(t))
+             for a, b, p, w, t in zip(graph.src, graph.dst, graph.pdf, graph.weight, graph.tid)}
+    entered, middle, done = (0, 1, 0, 1), (0, 1, 1, 2), None
+    # in: phone 1's state 0 -> 1 (0.4 / (1 - 0.6) = 1), times the LM's P(1) = 2/3 (tokens 1, 1, end)
+    assert named[("start",), entered] == pytest.approx((0, 2 / 3, 2))
+    assert named[entered, entered] == pytest.approx((12, 0.6, 1))  # state 0's self-loop after its exit
+    assert named[entered, middle] == pytest.approx((1, 0.4, 4))  # 1 -> 2: 0.4 / 0.4, times 1 - 0.6 of state 0
+    assert named[middle, middle] == pytest.approx((13, 0.6, 3))
+    assert named[middle, entered] == pytest.approx((0, 0.4 * 2 / 3, 2))  # the next phone, times 1 - 0.6 of state 1
+    assert graph.final.tolist() == pytest.approx([0.0, 0.0, 0.4 / 3])  # the LM's end 1/3, times 1 - 0.6
+    assert done is None and len(named) == 5
 
 
 @pytest.mark.parametrize("order", [1, 3])
 def test_den_fst_keeps_every_path_and_its_weight(order, tmp_path):
-    """Written as den.fst (one start state, pdf-id + 1 labels, -log weights) and read back: every pdf
-    sequence of 1-5 frames has the weight the brute force over the LM and the HMMs gives it."""
+    """Written as den.fst (pdf-id + 1 labels, -log weights) and read back: every pdf sequence of 1-6 frames
+    has the weight the brute force over the LM and the HMMs gives it."""
     import kaldifst
 
     tm, entry = toy_model()
@@ -175,18 +212,21 @@ def test_den_fst_keeps_every_path_and_its_weight(order, tmp_path):
     write_den_fst(graph, tmp_path / "den.fst")
     fst = kaldifst.StdVectorFst.read(str(tmp_path / "den.fst"))  # OpenFst's own reader, not ours
     labels = {(a.ilabel, a.olabel) for state in range(fst.num_states) for a in kaldifst.ArcIterator(fst, state)}
-    assert fst.num_states == graph.num_states + 1 and fst.start == 0
+    assert fst.num_states == graph.num_states and fst.start == graph.start
     assert {i for i, o in labels} == {int(p) + 1 for p in graph.pdf} and all(i == o for i, o in labels)
     back = read_den_fst(tmp_path / "den.fst")
-    for T in range(1, 6):
+    for T in range(1, 7):
         ours, reference = graph_sums(back, T), reference_sums(lm, entry, T, 1.0)
         assert ours.keys() == reference.keys(), T
         for pdfs in reference:
             # rel 1e-6: OpenFst's StdArc keeps its -log weights in float32, as Kaldi's den.fst does
             assert ours[pdfs] == pytest.approx(reference[pdfs], rel=1e-6), (T, pdfs)
-    # and as the objective's denominator: every state final, initial probabilities from its start
-    chain = back.chain_graph()
+    # and as the objective's denominator: every state final, initial probabilities from its start, the same
+    # whether the graph was read back or not
+    chain, direct = back.chain_graph(), graph.chain_graph()
     assert chain.num_states == back.num_states and float(chain.initial.sum()) == pytest.approx(1.0)
+    assert chain.final.tolist() == [1.0] * chain.num_states
+    torch.testing.assert_close(chain.initial, direct.initial, rtol=1e-5, atol=1e-7)
 
 
 def test_a_file_that_is_not_a_denominator_fst_is_refused_naming_it(tmp_path):
@@ -209,7 +249,7 @@ def test_a_file_that_is_not_a_denominator_fst_is_refused_naming_it(tmp_path):
 
 def test_a_context_dependent_model_is_refused():
     tm, _ = toy_model()
-    tm.tuples.append(TransitionState(1, 0, 5, 5))  # phone 1's first state with a second pdf: a tree's doing
+    tm.tuples.insert(1, TransitionState(1, 0, 5, 5))  # phone 1's first state with a second pdf: a tree's doing
     with pytest.raises(ValueError, match="decision tree"):
         denominator_graph(estimate_phone_lm([[1, 2]], order=2), tm)
 

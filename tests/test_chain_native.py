@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from bru_kaldi.chain import native, objective
-from bru_kaldi.chain.graph import ChainGraph, numerator_graph
+from bru_kaldi.chain.graph import ChainGraph
+from tests.test_chain import numerator_graph
 from bru_kaldi.chain.objective import forward_backward, lfmmi_loss
 from bru_kaldi.torch_state import run_settings
 from models.fast import native as fast_native

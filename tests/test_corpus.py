@@ -290,7 +290,7 @@ def test_run_sh_usage_shellcheck_and_skipping(tiny_corpus):
     result = subprocess.run(["bash", str(run_sh), "--size", "tiny", "--seed", str(TINY_SEED), "--stage", "5",
                              str(tiny_corpus.root)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "Stages 5-7 are complete" in result.stdout and "nothing to do" in result.stdout
+    assert "Stages 5-8 are complete" in result.stdout and "nothing to do" in result.stdout
     assert ") Stage 5: make_graph" not in result.stdout  # not even started
     with gzip.open(tiny_corpus.ali("test") / "ali.1.gz") as f:
         assert f.read(1)  # untouched
@@ -319,6 +319,27 @@ def test_the_chain_graph_has_the_self_loops_at_scale_one(tiny_corpus):
         assert chain[4] == pytest.approx(10 * ce[4], rel=1e-5, abs=1e-6)
         assert chain[4] == pytest.approx(-float(tm.log_probs[chain[1]]), rel=1e-5, abs=1e-6)  # ilabel: a transition-id
     assert any(chain[4] > 0.05 for chain in chain_loops)
+
+
+def test_the_chain_model_is_kaldis_chain_topology_with_reordered_alignments(tiny_corpus):
+    """Stage 8: one emitting state per phone with a forward and a self-loop pdf (two pdfs a phone); its
+    alignments have stage 4's phone sequences (their boundaries differ where the 3-state model borrowed frames
+    for a phone shorter than 3), each phone's first frame leaving its state (its forward pdf) and the others
+    its self-loops (reordered, as chain graphs are built)."""
+    from bru_kaldi.kaldi.alignments import read_alignments
+
+    chain = read_transition_model(tiny_corpus.chain_ali("train") / "final.mdl")
+    mono = read_transition_model(tiny_corpus.model)
+    assert not chain.topology.is_hmm and chain.num_pdfs == 2 * len(chain.topology.phones)
+    assert all(len(entry) == 2 for entry in chain.topology.entries)  # one emitting state and the final one
+    three_state = dict(read_alignments(str(tiny_corpus.ali("train"))))
+    checked = 0
+    for utt, ali in read_alignments(str(tiny_corpus.chain_ali("train"))):
+        assert chain.ali_to_phones(ali) == mono.ali_to_phones(three_state[utt])
+        for part in chain.split_to_phones(ali):
+            assert not chain.tid_is_self_loop[part[0]] and chain.tid_is_self_loop[part[1:]].all()
+            checked += 1
+    assert checked > 100
 
 
 @pytest.mark.parametrize("module", [phoneset, espeak])

@@ -380,7 +380,7 @@ def test_run_sh_task_option_usage_shellcheck_and_fast_path(words, tmp_path):
     if shellcheck:
         assert subprocess.run([shellcheck, str(RUN_SH)], capture_output=True).returncode == 0
     result = run_sh("--task", "words", "--size", "tiny", "--seed", TINY_SEED, corpus.root)
-    assert "Stages 0-7 are complete" in result.stdout and "(task words" in result.stdout
+    assert "Stages 0-8 are complete" in result.stdout and "(task words" in result.stdout
     assert ") Stage " not in result.stdout and "oracle WER" in result.stdout
     with pytest.raises(RuntimeError, match="built with size=tiny"):
         layout.first_incomplete(corpus.root, "default", TINY_SEED, "words")
@@ -399,12 +399,12 @@ def test_a_shared_stage_invalidates_both_tasks_a_word_stage_only_its_own(tmp_pat
         assert run is False  # complete: skipped
     stage_marker(tmp_path, 4, "words").unlink()
     with layout.run_stage(tmp_path, 4, "tiny", 1, inputs=(2, 3), task="words") as run:
-        assert run and not any(stage_marker(tmp_path, s, "words").exists() for s in (5, 6, 7))
-        assert all(stage_marker(tmp_path, s, "phones").exists() for s in range(8))
+        assert run and not any(stage_marker(tmp_path, s, "words").exists() for s in (5, 6, 7, 8))
+        assert all(stage_marker(tmp_path, s, "phones").exists() for s in range(9))
     stage_marker(tmp_path, 2, "phones").unlink()
     with layout.run_stage(tmp_path, 2, "tiny", 1) as run:
         assert run
-        assert not any(stage_marker(tmp_path, s, t).exists() for t in layout.TASKS for s in range(2, 8))
+        assert not any(stage_marker(tmp_path, s, t).exists() for t in layout.TASKS for s in range(2, 9))
     assert layout.first_incomplete(tmp_path, "tiny", 1, "words") == 3
 
 
@@ -445,7 +445,7 @@ def test_a_rebuild_of_the_word_task_is_byte_identical(words):
     before = digests(root, word_outputs)
     stage_marker(root, 3, "words").unlink()
     result = run_sh("--task", "words", "--size", "tiny", "--seed", TINY_SEED, root)
-    assert ") Stage 3: prepare_lang_words" in result.stdout and ") Stage 7: make_graph_chain_words" in result.stdout
+    assert ") Stage 3: prepare_lang_words" in result.stdout and ") Stage 8: make_chain_words" in result.stdout
     assert digests(root, word_outputs) == before
     with gzip.open(corpus.ali("test") / "ali.1.gz") as f:
         assert f.read(1)

@@ -1,5 +1,5 @@
 """The graphs of chain training: one FSA whose every arc emits one frame's pdf, batches of them, and the
-two graphs LF-MMI needs (the denominator's initial probabilities, the numerator of an alignment).
+denominator's initial probabilities (the numerator of an alignment: ``numerator``).
 
 A :class:`ChainGraph` is a weighted automaton over pdf-ids without epsilons: ``S`` states, ``A`` arcs
 ``src[a] -> dst[a]`` each emitting pdf ``pdf[a]`` with weight ``weight[a]`` (a probability, not a cost),
@@ -73,8 +73,8 @@ class ChainGraph(_Arcs):
     ``>= 0``); ``weight``: ``(A,)`` float, the arc probabilities; ``initial``, ``final``: ``(S,)`` float,
     the initial and final weights (the denominator of :func:`denominator_graph` has every state final with
     weight 1, as Kaldi's denominator treats all states); ``windows``: ``None``, or ``(T, S)`` 0/1, the states
-    that may hold a path after each frame (a numerator's time windows, :func:`numerator_graph`: a graph of
-    ``K`` states then serves ``T`` frames, where unrolling it in time would take ``T`` times as many).
+    that may hold a path after each frame (a numerator's time windows, ``numerator.NumeratorCompiler``: a graph
+    of ``K`` states then serves ``T`` frames, where unrolling it in time would take ``T`` times as many).
     Construct it from a list with :meth:`from_arcs`.
 
     >>> g = ChainGraph.from_arcs(1, [(0, 0, 3, 1.0)])
@@ -202,37 +202,49 @@ class GraphBatch(_Arcs):
 
 
 
-def denominator_initial_probs(graph: ChainGraph, start_state=0, num_iters: int = 100) -> torch.Tensor:
-    """The denominator's initial probabilities as Kaldi makes them: the HMM's state occupancy averaged
-    over its first ``num_iters`` steps from ``start_state`` (a state, or ``(S,)`` weights to start from: a
-    graph whose first frame may be in several states). Returns ``(S,)`` in the graph's dtype.
+def denominator_initial_probs(graph: ChainGraph, start_state: int = 0, num_iters: int = 100,
+                              final: Optional[torch.Tensor] = None, normalise: bool = True) -> torch.Tensor:
+    """The denominator's initial probabilities, Kaldi's ``DenominatorGraph::SetInitialProbs``: where the HMM
+    tends to be, for chunks cut from the middle of utterances, whose first state is unknown (also where the
+    leaky HMM's leaks land). Returns ``(S,)`` in the graph's dtype, summing to 1.
 
-    Kaldi's denominator runs on chunks cut from the middle of utterances, where the state at the first
-    frame is unknown; the best guess is where the HMM tends to be. So: ``p_0`` is all mass on
-    ``start_state``; ``p_{k+1}[j] = sum over arcs i -> j of p_k[i] * weight`` (pdfs ignored), renormalised
-    to sum 1 (the arcs out of a state need not sum to 1); the result is ``(p_0 + ... + p_{num_iters-1}) /
-    num_iters``. Averaging rather than taking the last ``p_k`` gives a stable answer for periodic graphs,
-    where the power iteration itself would oscillate, and keeps some mass near the start state.
+    The steps, as Kaldi's (in float64 there, in the graph's dtype here):
+
+    1. Every state's outgoing weights, its final weight included (``final``: the FST's own, e.g. the phone
+       LM's end probabilities; 0 for every state when ``None``), are scaled to sum to 1, because the
+       graph's weights are not a distribution (a phone LM's probabilities times HMM transitions).
+       ``normalise = False`` leaves this step out: this toolkit's first version did, and the ablation of
+       RESULTS.md runs it again; a state with many arcs (silence's four-way branching) then draws the mass.
+    2. ``p_0`` is all mass on ``start_state``; ``p_{k+1}[j] = sum over arcs i -> j of p_k[i] * weight``,
+       renormalised to sum 1 (the mass that ends at final weights is lost).
+    3. The result is ``(p_0 + ... + p_{num_iters - 1}) / num_iters``: the average, stable for periodic
+       graphs where the power iteration itself oscillates, and with some mass kept near the start.
 
     >>> g = ChainGraph.from_arcs(2, [(0, 1, 0, 1.0), (1, 0, 1, 1.0)])  # period 2
     >>> denominator_initial_probs(g, num_iters=4).tolist()
     [0.5, 0.5]
+    >>> g = ChainGraph.from_arcs(2, [(0, 0, 0, 1.0), (0, 1, 0, 1.0), (0, 1, 1, 1.0), (1, 0, 0, 1.0)])
+    >>> [round(v, 4) for v in denominator_initial_probs(g, num_iters=2).tolist()]  # p_1: 1/3 and 2/3
+    [0.6667, 0.3333]
     """
     if num_iters < 1:
         raise ValueError(f"num_iters must be >= 1, not {num_iters}")
-    occupancy = torch.zeros(graph.num_states, dtype=graph.weight.dtype, device=graph.weight.device)
-    if isinstance(start_state, torch.Tensor):
-        if start_state.shape != occupancy.shape or not start_state.sum() > 0:
-            raise ValueError(f"start weights must have shape ({graph.num_states},) and a positive sum")
-        occupancy += start_state.to(occupancy) / start_state.sum()
-    elif 0 <= start_state < graph.num_states:
-        occupancy[start_state] = 1.0
-    else:
+    if not 0 <= start_state < graph.num_states:
         raise ValueError(f"start_state {start_state} is not a state of a graph with {graph.num_states}")
+    weight = graph.weight
+    if normalise:
+        out = torch.zeros(graph.num_states, dtype=weight.dtype, device=weight.device).index_add_(0, graph.src, weight)
+        if final is not None:
+            out = out + final.to(out)
+        if not bool((out > 0).all()):
+            raise ValueError(f"state {int((out > 0).logical_not().nonzero()[0])} has neither arcs nor a final weight")
+        weight = weight / out[graph.src]
+    occupancy = torch.zeros(graph.num_states, dtype=weight.dtype, device=weight.device)
+    occupancy[start_state] = 1.0
     average = torch.zeros_like(occupancy)
     for _ in range(num_iters):
         average += occupancy / num_iters
-        following = torch.zeros_like(occupancy).index_add_(0, graph.dst, occupancy[graph.src] * graph.weight)
+        following = torch.zeros_like(occupancy).index_add_(0, graph.dst, occupancy[graph.src] * weight)
         total = following.sum()
         if not total > 0:
             raise ValueError("the graph's probability mass dies out: no arcs leave the states reached")
@@ -252,75 +264,3 @@ def denominator_graph(num_states: int, arcs: Iterable[tuple[int, int, int, float
     """
     graph = ChainGraph.from_arcs(num_states, arcs, dtype=dtype)
     return dataclasses.replace(graph, initial=denominator_initial_probs(graph, start_state, num_iters))
-
-
-def alignment_segments(pdf_alignment: Sequence[int]) -> list[tuple[int, int, int]]:
-    """The maximal runs of one pdf in a frame-level alignment, as ``(pdf, first_frame, end_frame)`` with
-    ``end_frame`` exclusive.
-
-    >>> alignment_segments([4, 4, 7, 4])
-    [(4, 0, 2), (7, 2, 3), (4, 3, 4)]
-    """
-    frames = [int(p) for p in (pdf_alignment.tolist() if hasattr(pdf_alignment, "tolist") else pdf_alignment)]
-    segments = []
-    for t, p in enumerate(frames):
-        if segments and segments[-1][0] == p:
-            segments[-1][2] = t + 1
-        else:
-            segments.append([p, t, t + 1])
-    return [tuple(s) for s in segments]
-
-
-def numerator_graph(pdf_alignment: Sequence[int], tolerance: int = 0,
-                    dtype: torch.dtype = torch.float64) -> ChainGraph:
-    """The numerator FSA of one utterance: the pdf sequences of its length ``T`` within ``tolerance``
-    frames of the alignment's segment boundaries, each with weight 1.
-
-    The rule. Cut the alignment into its ``K`` segments (:func:`alignment_segments`), segment ``k`` with
-    pdf ``p_k`` on frames ``[s_k, e_k)``. A sequence ``y_0 .. y_{T-1}`` is accepted if and only if it is
-    ``p_1`` repeated ``n_1 >= 1`` times, then ``p_2`` ``n_2 >= 1`` times, ..., then ``p_K`` ``n_K >= 1``
-    times (segments in order, none skipped, none vanishing), and every frame ``t`` that emits segment ``k``
-    lies in that segment's frames widened by ``tolerance`` on both sides: ``s_k - tolerance <= t <= e_k - 1 +
-    tolerance``. Equivalently: segment ``k`` starts at a frame ``b_k`` with ``b_1 = 0``, ``b_1 < b_2 < ...
-    < b_K < T`` and ``|b_k - s_k| <= tolerance`` (each boundary moves by at most ``tolerance`` frames).
-    ``tolerance = 0`` accepts the alignment alone. This is Kaldi's ``--left-tolerance`` /
-    ``--right-tolerance`` (each phone kept within its aligned frames widened by the tolerance), applied to
-    segments of a pdf alignment instead of to phones. Adjacent segments have different pdfs, so an accepted
-    sequence has one path: its weight is exactly 1.
-
-    The FSA is the alignment's segments in a row, with the rule's time limits as windows: state 0 is the
-    start (initial weight 1), state ``k`` (1-based) "frame just emitted segment ``k``", with arcs ``k -> k``
-    and ``k - 1 -> k`` emitting ``p_k``; ``windows[t]`` opens state ``k`` after frame ``t`` only where the rule
-    lets frame ``t`` emit segment ``k``; state ``K`` is the one final state (weight 1). ``K + 1`` states and
-    ``2 K`` arcs serve all ``T`` frames; it accepts sequences of length ``T`` only.
-
-    >>> g = numerator_graph([5, 5, 6])
-    >>> g.num_states, g.pdf.tolist(), g.final.tolist(), g.windows.tolist()
-    (3, [5, 5, 6, 6], [0.0, 0.0, 1.0], [[0.0, 1.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-    >>> numerator_graph([5, 5, 6], tolerance=1).windows[1].tolist()  # frame 1 may emit either: 5 5 6 or 5 6 6
-    [0.0, 1.0, 1.0]
-    """
-    if tolerance < 0:
-        raise ValueError(f"tolerance must be >= 0, not {tolerance}")
-    # :func:`alignment_segments` in tensor ops: a training batch makes one of these per utterance per
-    # step, and a Python loop over frames and segments took as long as the C++ forward-backward
-    frames = torch.as_tensor(pdf_alignment, dtype=torch.int64).reshape(-1)
-    num_frames = frames.shape[0]
-    if not num_frames:
-        raise ValueError("an empty alignment has no numerator graph")
-    starts = torch.ones(num_frames, dtype=torch.bool)
-    starts[1:] = frames[1:] != frames[:-1]
-    first = starts.nonzero().reshape(-1)  # (K,) s_k
-    end = torch.cat([first[1:], first.new_tensor([num_frames])])  # (K,) e_k
-    count = first.shape[0]
-    k = torch.arange(1, count + 1)
-    src = torch.stack([k - 1, k], dim=1).reshape(-1)  # per segment: k - 1 -> k, then k -> k
-    dst = k.repeat_interleave(2)
-    pdf = frames[first].repeat_interleave(2)
-    time = torch.arange(num_frames)[:, None]
-    windows = torch.zeros(num_frames, count + 1, dtype=dtype)
-    windows[:, 1:] = ((time >= first - tolerance) & (time < end + tolerance)).to(dtype)
-    windows[0, 2:] = 0.0  # (the first frame can only be segment 1's; the arcs say so too)
-    initial, final = torch.zeros(count + 1, dtype=dtype), torch.zeros(count + 1, dtype=dtype)
-    initial[0], final[count] = 1.0, 1.0
-    return ChainGraph(count + 1, src, dst, pdf, torch.ones(2 * count, dtype=dtype), initial, final, windows)

@@ -55,7 +55,7 @@ recursion.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 import torch
@@ -215,9 +215,10 @@ def numerator_forward_backward(nnet_output: torch.Tensor, lengths,
     :class:`~bru_kaldi.chain.graph.GraphBatch`), by the same recursion without the leaky HMM. Shapes as
     :func:`forward_backward`.
 
-    >>> from bru_kaldi.chain.graph import numerator_graph
+    >>> from bru_kaldi.chain.graph import ChainGraph
+    >>> one_path = ChainGraph.from_arcs(3, [(0, 1, 1, 1.0), (1, 2, 0, 1.0)], final=[0, 0, 1])  # pdf 1, then pdf 0
     >>> x = torch.tensor([[[0.0, 1.0], [2.0, 0.0]]])
-    >>> logprob, post = numerator_forward_backward(x, [2], [numerator_graph([1, 0])])
+    >>> logprob, post = numerator_forward_backward(x, [2], [one_path])
     >>> float(logprob), post[0].tolist()  # the one path: x[0, 1] + x[1, 0]
     (3.0, [[0.0, 1.0], [1.0, 0.0]])
     """
@@ -227,17 +228,19 @@ def numerator_forward_backward(nnet_output: torch.Tensor, lengths,
 class ChainObjective(torch.autograd.Function):
     """``log P_num - log P_den`` per utterance ``(B,)``, and the numerator posteriors ``(B, T, P)``
     (without gradient), from ``(nnet_output (B, T, P), lengths (B,), num_graphs: GraphBatch, den_graph:
-    ChainGraph, leaky_coefficient)``.
+    ChainGraph, leaky_coefficient)``. An utterance whose numerator has no path (``log P_num = -inf``) gets
+    objective 0 and no gradient: it is left out, as Kaldi's ``chain-get-supervision`` refuses it.
 
     The backward is written by hand, as Kaldi's: the gradient of ``log P`` with respect to ``x[t, p]`` is
     the posterior of pdf ``p`` at frame ``t``, so the forward keeps ``gamma_num - gamma_den`` and the backward
     returns it times the incoming gradient of each utterance; nothing is differentiated through the
     recursion (whose memory would be ``T`` times the graph's).
 
-    >>> from bru_kaldi.chain.graph import denominator_graph, numerator_graph, ChainGraph
+    >>> from bru_kaldi.chain.graph import denominator_graph, ChainGraph
     >>> den = denominator_graph(1, [(0, 0, 0, 1.0), (0, 0, 1, 1.0)])
+    >>> num = ChainGraph.from_arcs(3, [(0, 1, 0, 1.0), (1, 2, 1, 1.0)], final=[0, 0, 1])  # pdf 0, then pdf 1
     >>> x = torch.zeros(1, 2, 2, requires_grad=True)
-    >>> objf, num_post = ChainObjective.apply(x, [2], ChainGraph.batch([numerator_graph([0, 1])]), den, 0.0)
+    >>> objf, num_post = ChainObjective.apply(x, [2], ChainGraph.batch([num]), den, 0.0)
     >>> objf.sum().backward(); x.grad[0].tolist()
     [[0.5, -0.5], [-0.5, 0.5]]
     """
@@ -247,9 +250,11 @@ class ChainObjective(torch.autograd.Function):
         num_logprob, num_posteriors = numerator_forward_backward(nnet_output, lengths, num_graphs)
         den_logprob, den_posteriors = denominator_forward_backward(nnet_output, lengths, den_graph,
                                                                    leaky_coefficient)
-        ctx.save_for_backward(num_posteriors - den_posteriors)
+        alive = torch.isfinite(num_logprob)
+        difference = torch.where(alive[:, None, None], num_posteriors - den_posteriors, torch.zeros_like(num_posteriors))
+        ctx.save_for_backward(difference)
         ctx.mark_non_differentiable(num_posteriors)
-        return num_logprob - den_logprob, num_posteriors
+        return torch.where(alive, num_logprob - den_logprob, torch.zeros_like(num_logprob)), num_posteriors
 
     @staticmethod
     def backward(ctx, grad_objf, grad_num_posteriors):
@@ -262,13 +267,16 @@ class LFMMIResult:
     """What :func:`lfmmi_loss` returns: ``loss``, the scalar tensor to minimise, and the per-frame
     numbers Kaldi logs (floats, divided by ``num_frames``): ``objf`` (``sum_b log P_num - log P_den``,
     Kaldi's "log-probability per frame"), ``l2_term`` (``-output_l2 / 2 * sum x ** 2``), ``xent_objf`` (the
-    xent head's ``sum num_post * log_softmax``, the negative cross-entropy; 0 without a head)."""
+    xent head's ``sum num_post * log_softmax``, the negative cross-entropy; 0 without a head); ``num_frames``,
+    the frames of the utterances that count; ``dropped``, the batch rows left out (a numerator without a
+    path: their frames count nowhere)."""
 
     loss: torch.Tensor
     objf: float
     l2_term: float
     xent_objf: float
     num_frames: int
+    dropped: list = field(default_factory=list)
 
 
 def lfmmi_loss(nnet_output: torch.Tensor, lengths, num_graphs: Graphs, den_graph: ChainGraph,
@@ -293,16 +301,20 @@ def lfmmi_loss(nnet_output: torch.Tensor, lengths, num_graphs: Graphs, den_graph
     the L2 term's ``output_l2 * x / F``, as Kaldi's.
 
     >>> import math
-    >>> from bru_kaldi.chain.graph import denominator_graph, numerator_graph
+    >>> from bru_kaldi.chain.graph import ChainGraph, denominator_graph
     >>> den = denominator_graph(1, [(0, 0, 0, 1.0), (0, 0, 1, 1.0)])
-    >>> result = lfmmi_loss(torch.zeros(1, 2, 2), [2], [numerator_graph([0, 1])], den, leaky_coefficient=0.0)
+    >>> num = ChainGraph.from_arcs(3, [(0, 1, 0, 1.0), (1, 2, 1, 1.0)], final=[0, 0, 1])
+    >>> result = lfmmi_loss(torch.zeros(1, 2, 2), [2], [num], den, leaky_coefficient=0.0)
     >>> round(result.objf, 6) == round(-math.log(2), 6), float(result.loss) == -result.objf
     (True, True)
     """
     lengths, valid = _valid_frames(nnet_output, lengths)
-    num_frames = int(lengths.sum())
     objf, num_posteriors = ChainObjective.apply(nnet_output, lengths, _as_batch(num_graphs), den_graph,
                                                 leaky_coefficient)
+    dropped = (num_posteriors.sum((1, 2)) == 0) & (lengths > 0)  # no numerator path: no posteriors at all
+    if bool(dropped.any()):
+        valid = valid & ~dropped[:, None]
+    num_frames = int(valid.sum())
     zero = torch.zeros((), dtype=nnet_output.dtype, device=nnet_output.device)
     total = objf.sum()
     l2_term = zero
@@ -320,4 +332,4 @@ def lfmmi_loss(nnet_output: torch.Tensor, lengths, num_graphs: Graphs, den_graph
     per_frame = 1.0 / max(num_frames, 1)
     return LFMMIResult(loss=-total * per_frame, objf=float(objf.detach().sum()) * per_frame,
                        l2_term=float(l2_term.detach()) * per_frame, xent_objf=float(xent_objf.detach()) * per_frame,
-                       num_frames=num_frames)
+                       num_frames=num_frames, dropped=dropped.nonzero().flatten().tolist())

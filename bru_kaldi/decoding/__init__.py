@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 from bru_kaldi.config import Decoding
 from bru_kaldi.decoding.kaldi_scripts import KALDI_BINARIES, choose_decoder, decode_kaldi
 from bru_kaldi.decoding.python_decoder import decode_python
-from bru_kaldi.decoding.sets import (GRAPHS, DecodeInputError, DecodeJob, GraphMismatchError, KaldiDecodeError,
+from bru_kaldi.decoding.sets import (FRAME_SHIFT, GRAPHS, DecodeInputError, DecodeJob, GraphMismatchError, KaldiDecodeError,
                                      KaldiNotFoundError, MissingInputError, SetResult, check_graph, clear_outputs,
                                      prepare, read_words)
 from bru_kaldi.decoding.utterance import (DecodeResult, DecoderOptions, NoPathError, decode, linear_loop_graph,
@@ -33,8 +33,7 @@ from bru_kaldi.decoding.utterance import (DecodeResult, DecoderOptions, NoPathEr
 __all__ = ["decode_sets", "DecodeJob", "SetResult", "DecodeInputError", "GraphMismatchError", "MissingInputError",
            "KaldiNotFoundError", "KaldiDecodeError", "NoPathError", "DecoderOptions", "DecodeResult", "decode",
            "load_graph", "linear_loop_graph", "transition_loglikes", "with_word_penalty", "read_words", "check_graph",
-           "choose_decoder",
-           "KALDI_BINARIES"]
+           "choose_decoder", "KALDI_BINARIES", "FRAME_SHIFT"]
 
 
 def decode_sets(jobs: Sequence[DecodeJob], decoding: Decoding, tune_on: Optional[str],

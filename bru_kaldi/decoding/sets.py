@@ -59,7 +59,9 @@ class DecodeJob:
     ``loglikes_scp``: written by ``data_io.LoglikeWriter`` (log posteriors - log priors), each entry
     (frames, num_pdfs); ``graph_dir``: HCLG.fst and words.txt; ``model``: final.mdl, whose
     TransitionModel maps transition-ids to pdfs; ``ref_text``: Kaldi text of references, or None to
-    decode without scoring; ``out_dir``: hypotheses, logs, per-utterance counts and the summary.
+    decode without scoring; ``out_dir``: hypotheses, logs, per-utterance counts and the summary;
+    ``frame_shift``: seconds per row of the log-likelihoods (Kaldi's 10 ms, times a chain model's frame
+    subsampling factor), for word timings and the real-time factor.
     """
 
     name: str
@@ -68,6 +70,7 @@ class DecodeJob:
     model: Path
     ref_text: Optional[Path]
     out_dir: Path
+    frame_shift: float = FRAME_SHIFT
 
     def __post_init__(self):
         for name in ("loglikes_scp", "graph_dir", "model", "out_dir"):
@@ -171,7 +174,7 @@ class Prepared:
 
     @property
     def audio_seconds(self) -> float:
-        return sum(self.frames.values()) * FRAME_SHIFT
+        return sum(self.frames.values()) * self.job.frame_shift
 
 
 # Per process: graph_key (HCLG.fst, final.mdl) -> (graph, tid2pdf, num_pdfs); graph_key + (penalty,) ->
@@ -270,7 +273,7 @@ def write_ctm(p: Prepared, chosen: Pass, say: Callable[[str], None]) -> None:
     lines, skipped = [], []
     for utt in sorted(chosen.alignments):
         try:
-            lines += ctm_lines(utt, chosen.alignments[utt], chosen.hyps[utt], model, boundary)
+            lines += ctm_lines(utt, chosen.alignments[utt], chosen.hyps[utt], model, boundary, p.job.frame_shift)
         except ValueError as error:
             skipped.append(f"{utt} ({error})")
     if skipped:

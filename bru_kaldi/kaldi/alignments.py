@@ -102,9 +102,12 @@ class AlignmentStore:
         self._ids = np.memmap(self._file, dtype="<i4", mode="r", shape=(start,)) if start else np.zeros(0, np.int32)
 
     def labels(self, key: str, kind: str) -> np.ndarray:
-        """``(T,)`` int64 pdf-ids or phones of ``key``."""
+        """``(T,)`` int64 pdf-ids (``kind`` "pdf"), phones ("phone") or the transition-ids themselves
+        ("transition-id": what LF-MMI's numerator is made from) of ``key``."""
         start, frames, _ = self.spans[key]
         ids = self._ids[start:start + frames]
+        if kind == "transition-id":
+            return ids.astype(np.int64)
         return (self.model.tid2pdf if kind == "pdf" else self.model.tid2phone)[ids]
 
     def source(self, key: str) -> str:

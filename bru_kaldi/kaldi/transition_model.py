@@ -495,3 +495,18 @@ def standard_topology_text(nonsilence_phones: Sequence[int], silence_phones: Seq
         lines.append(f"<State> {n - 1} <PdfClass> {n - 1} <Transition> {n - 1} 0.75 <Transition> {n} 0.25 </State>")
         lines += [f"<State> {n} </State>", "</TopologyEntry>"]
     return "\n".join(lines + ["</Topology>"]) + "\n"
+
+
+def chain_topology_text(phones: Sequence[int]) -> str:
+    """The topology of Kaldi's chain models (``steps/nnet3/chain/gen_topo.py``), the same for every phone:
+    one emitting state with a forward pdf class (0) and a separate self-loop pdf class (1), left with
+    probability 0.5 or looped with 0.5. With ``reorder = true`` graphs, as chain models are always built, a
+    phone's first frame emits its forward pdf and every later frame its self-loop pdf; it lasts at least
+    one frame, which at a frame subsampling factor of 3 is 30 ms.
+
+    >>> print(chain_topology_text([1, 2]).splitlines()[5])
+    <State> 0 <ForwardPdfClass> 0 <SelfLoopPdfClass> 1 <Transition> 0 0.5 <Transition> 1 0.5 </State>
+    """
+    return "\n".join(["<Topology>", "<TopologyEntry>", "<ForPhones>", " ".join(map(str, phones)), "</ForPhones>",
+                      "<State> 0 <ForwardPdfClass> 0 <SelfLoopPdfClass> 1 <Transition> 0 0.5 <Transition> 1 0.5 </State>",
+                      "<State> 1 </State>", "</TopologyEntry>", "</Topology>"]) + "\n"

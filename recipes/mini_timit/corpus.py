@@ -88,6 +88,17 @@ class Corpus:
         self.lang_test(lm)
         return self.root / "exp" / "mono_words" / f"graph_{lm}"
 
+    def chain_ali(self, split: str) -> Path:
+        """The chain model's alignments (stage 8), ``exp/chain_ali_<split>`` (``exp/chain_words_ali_<split>``)."""
+        self.data(split)
+        return self.root / "exp" / f"chain{self._suffix}_ali_{split}"
+
+    @property
+    def chain_graph(self) -> Path:
+        """The chain model's graph (stage 8): ``exp/chain/graph`` (``exp/chain_words/graph_tg``)."""
+        return self.root / "exp" / "chain" / "graph" if self.task == "phones" else \
+            self.root / "exp" / "chain_words" / "graph_tg"
+
 
 def ensure_corpus(root: str | Path = RECIPE_DIR, size: str = "default", seed: int = 1,
                   log: Callable[[str], None] = print, task: str = "phones") -> Corpus:

@@ -9,21 +9,24 @@
 #   4 make_mono      exp/mono/{final.mdl,tree}, exp/mono_ali_{train,dev,test}/ali.N.gz
 #   5 make_graph     exp/mono/graph/HCLG.fst (as utils/mkgraph.sh)
 #   6 check          every table reads back, alignments fit the features, oracle decode PER < 1 %
-#   7 make_graph_chain  exp/mono/graph_chain/HCLG.fst, self-loop scale 1.0: chain (LF-MMI) models' graph
+#   7 make_graph_chain  exp/mono/graph_chain/HCLG.fst, self-loop scale 1.0: the 3-state model's graph for LF-MMI
+#   8 make_chain     exp/chain: Kaldi's chain topology (data/lang_chain), its model, alignments exp/chain_ali_*
+#                    and graph exp/chain/graph (scale 1.0): what LF-MMI with frame subsampling trains on
 # --task words (WSJ-like, on the same audio and features):
 #   3 prepare_lang_words  data/{train,dev,test}_words, lexicon, data/lang_words, trigram LMs tg and tgpr,
 #                         data/lang_words_test_{tg,tgpr}/G.fst
 #   4 make_mono_words     exp/mono_words/{final.mdl,tree}, exp/mono_words_ali_{train,dev,test}/ali.N.gz
 #   5 make_graph_words    exp/mono_words/graph_{tg,tgpr}/HCLG.fst
 #   6 check_words         every table reads back, alignments spell the words, oracle decode WER < 2 %
-#   7 make_graph_chain_words  exp/mono_words/graph_chain_{tg,tgpr}/HCLG.fst, for chain models
+#   7 make_graph_chain_words  exp/mono_words/graph_chain_{tg,tgpr}/HCLG.fst, for LF-MMI on the 3-state model
+#   8 make_chain_words    exp/chain_words: the chain topology's model, alignments, graphs graph_{tg,tgpr}
 #
 # A stage whose outputs are complete is skipped; running a stage again invalidates the later ones
 # (a shared stage 0-2: those of both tasks).
 
 # Begin configuration section.
 stage=0
-stop_stage=7
+stop_stage=8
 size=default    # default: ~1 hour of training speech; tiny: for tests
 seed=1
 task=phones     # phones: phone recognition (TIMIT-like); words: word recognition (WSJ-like)
@@ -36,13 +39,13 @@ echo "$0 $*"  # the command line, for the log
 usage() {
   cat >&2 <<USAGE
 Usage: $0 [options] [<root>]
- e.g.: $0 --size tiny --stage 0 --stop-stage 7 /tmp/mini_timit
+ e.g.: $0 --size tiny --stage 0 --stop-stage 8 /tmp/mini_timit
        $0 --task words --size tiny /tmp/mini_timit
 <root> holds data/ and exp/ (default: the folder of this script); both tasks can live in it.
 Options (defaults in brackets):
   --task T         [$task]  phones or words (stages 0-2 are shared, 3-6 are the task's)
-  --stage N        [$stage]     first stage to run (0-7)
-  --stop-stage N   [$stop_stage]     last stage to run (0-7)
+  --stage N        [$stage]     first stage to run (0-8)
+  --stop-stage N   [$stop_stage]     last stage to run (0-8)
   --size S         [$size]  default or tiny
   --seed N         [$seed]     seed of every random choice
   --replace B      [$replace]  true: clear a <root> built with another size, seed or layout (its data/ and
@@ -59,9 +62,10 @@ case "$seed" in *[!0-9]*|'') echo "$0: Error: --seed takes a non-negative intege
 case "$size" in default|tiny) ;; *) echo "$0: Error: --size is default or tiny, not $size" >&2; usage ;; esac
 case "$replace" in true|false) ;; *) echo "$0: Error: --replace is true or false, not $replace" >&2; usage ;; esac
 case "$task" in
-  phones) stages=(prepare_text synthesize make_features prepare_lang make_mono make_graph check make_graph_chain) ;;
+  phones) stages=(prepare_text synthesize make_features prepare_lang make_mono make_graph check make_graph_chain
+          make_chain) ;;
   words) stages=(prepare_text synthesize make_features prepare_lang_words make_mono_words make_graph_words check_words
-          make_graph_chain_words) ;;
+          make_graph_chain_words make_chain_words) ;;
   *) echo "$0: Error: --task is phones or words, not $task" >&2; usage ;;
 esac
 

@@ -7,7 +7,7 @@ later stages, whose inputs it is about to replace. Every file is written under a
 moved into place with ``os.replace``.
 
 Two tasks share one corpus (:data:`TASKS`): ``phones`` (TIMIT-like) and ``words`` (WSJ-like). Stages
-0-2 (text, speech, features) are shared; stages 3-7 of the word task have their own modules and
+0-2 (text, speech, features) are shared; stages 3-8 of the word task have their own modules and
 markers (``data/.done/3w.prepare_lang_words`` ...), so both tasks live side by side in one root. A
 shared stage that runs removes the later markers of both tasks.
 """
@@ -28,12 +28,12 @@ from bru_kaldi.atomic import write_text_atomically as atomic_write_text
 
 SPLITS = ("train", "dev", "test")
 STAGES = ("prepare_text", "synthesize", "make_features", "prepare_lang", "make_mono", "make_graph", "check",
-          "make_graph_chain")
+          "make_graph_chain", "make_chain")
 SHARED = 3  # stages 0-2 make the audio and the features that both tasks use
 TASKS = {
     "phones": STAGES,
     "words": STAGES[:SHARED] + ("prepare_lang_words", "make_mono_words", "make_graph_words", "check_words",
-                                "make_graph_chain_words"),
+                                "make_graph_chain_words", "make_chain_words"),
 }
 _MARKER_SUFFIX = {"phones": "", "words": "w"}  # 3w.prepare_lang_words: the word task's own stage 3
 LMS = ("tg", "tgpr")  # the word task's LMs, named as WSJ's: a trigram and its pruned version
@@ -100,7 +100,7 @@ def stage_is_complete(root: Path, stage: int, size: str, seed: int, task: str = 
 
 
 def first_incomplete(root: Path, size: str, seed: int, task: str = "phones") -> int:
-    """The first stage of ``task`` that is not complete (8 when all are); raises on another size or seed."""
+    """The first stage of ``task`` that is not complete (9 when all are); raises on another size or seed."""
     for stage in range(len(check_task(task))):
         if not stage_is_complete(root, stage, size, seed, task):
             return stage
@@ -199,7 +199,7 @@ def run_stage(root: Path, stage: int, size: str, seed: int, inputs: tuple[int, .
     print(f"{names[stage]}: done in {time.time() - start:.1f} s", file=sys.stderr)
 
 
-if __name__ == "__main__":  # run.sh asks which stage to start from: prints its number (8 when all are complete)
+if __name__ == "__main__":  # run.sh asks which stage to start from: prints its number (9 when all are complete)
     arguments = argparse.ArgumentParser(description="the first incomplete stage of a built-in corpus",
                                         epilog="e.g.: python -m recipes.mini_timit.local.layout --task words "
                                                "--size tiny --seed 1 /tmp/mini_timit")

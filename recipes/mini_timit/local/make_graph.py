@@ -45,6 +45,8 @@ def drop_input_symbols(fst: kaldifst.StdVectorFst, symbols: set[int]) -> kaldifs
     up to the numbering of its states. The transducer knows labels 1..max(symbols): here ``symbols`` are
     the disambiguation transition-ids, which make-h-transducer numbers after every real one.
     """
+    if not symbols:  # (a grammar without disambiguation symbols)
+        return fst
     relabel = kaldifst.StdVectorFst()
     state = relabel.add_state()
     relabel.start = state

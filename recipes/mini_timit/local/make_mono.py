@@ -90,8 +90,10 @@ def phone_frames(segments: list[tuple[str, int, int]], num_frames: int, min_fram
     raise ValueError(f"utterance {utt}: could not give every phone its minimum number of frames")
 
 
-def align(segments, num_frames, phone_ids, num_states, table, utt) -> np.ndarray:
-    """The transition-id of every frame (num_frames,) int32 of one utterance."""
+def align(segments, num_frames, phone_ids, num_states, table, utt, reorder: bool = False) -> np.ndarray:
+    """The transition-id of every frame (num_frames,) int32 of one utterance. Each state's frames are its
+    self-loops and then the transition that leaves it, or with ``reorder`` (Kaldi's arc order for graphs
+    built with ``reorder = true``, as chain models always are) the transition that leaves it first."""
     min_frames = {p: num_states[phone_ids[p]] for p, _, _ in segments}
     tids = []
     for (phone, _, _), n in zip(segments, phone_frames(segments, num_frames, min_frames, utt)):
@@ -99,7 +101,8 @@ def align(segments, num_frames, phone_ids, num_states, table, utt) -> np.ndarray
         cuts = [round(k * n / states) for k in range(states + 1)]  # equal parts, each >= 1 frame as n >= states
         for s in range(states):
             length = cuts[s + 1] - cuts[s]
-            tids += [table[pid, s, s]] * (length - 1) + [table[pid, s, s + 1]]
+            loops, leave = [table[pid, s, s]] * (length - 1), [table[pid, s, s + 1]]
+            tids += leave + loops if reorder else loops + leave
     return np.asarray(tids, dtype=np.int32)
 
 
@@ -157,12 +160,13 @@ def read_segments(path: Path) -> dict[str, list[tuple[str, int, int]]]:
     return out
 
 
-def make_system(root: Path, lang: Path, mono: str, data_suffix: str, segments: str, model, num_jobs: int) -> None:
+def make_system(root: Path, lang: Path, mono: str, data_suffix: str, segments: str, model, num_jobs: int,
+                reorder: bool = False) -> None:
     """The model ``exp/<mono>`` and the alignments ``exp/<mono>_ali_<split>`` of one task.
 
     ``model`` is ``(topology, tree, TransitionModel)`` over ``lang``; each split's frames are those of
-    ``data/<split><data_suffix>`` and its phone segments ``data/local/<split>/<segments>``. The GMM
-    is estimated last, on the training alignments.
+    ``data/<split><data_suffix>`` and its phone segments ``data/local/<split>/<segments>``; ``reorder``:
+    the alignments' arc order (:func:`align`). The GMM is estimated last, on the training alignments.
     """
     topo, tree, tm = model
     exp = root / "exp"
@@ -170,7 +174,7 @@ def make_system(root: Path, lang: Path, mono: str, data_suffix: str, segments: s
     shutil.copyfile(lang / "phones.txt", exp / mono / "phones.txt")
     table = transition_table(topo, tm)
     phone_ids = {p: int(i) for p, i in read_table(lang / "phones.txt").items()}
-    num_states = dict(zip(topo.phones, topo.get_phone_to_num_pdf_classes()[1:]))
+    num_states = {p: len(topo.topology_for_phone(p)) - 1 for p in topo.phones}  # emitting: all but the last
     for split in SPLITS + (CORE,):  # and the core of dev, data/dev_core (layout.Size), aligned on its own
         ali_dir = exp / f"{mono}_ali_{split}"
         ali_dir.mkdir(parents=True, exist_ok=True)
@@ -188,7 +192,7 @@ def make_system(root: Path, lang: Path, mono: str, data_suffix: str, segments: s
         jobs = split_by_speaker(sorted(frames, key=str.encode), num_jobs)
         for job, utts in enumerate(jobs, 1):
             write_gzip_ark(ali_dir / f"ali.{job}.gz",
-                           {u: align(segs[u], frames[u], phone_ids, num_states, table, u) for u in utts})
+                           {u: align(segs[u], frames[u], phone_ids, num_states, table, u, reorder) for u in utts})
         for name in ("final.mdl", "tree", "phones.txt"):
             shutil.copyfile(exp / mono / name, ali_dir / name)
         atomic_write_text(ali_dir / "num_jobs", f"{len(jobs)}\n")
