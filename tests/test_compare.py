@@ -287,7 +287,7 @@ def test_the_table_groups_seeds_and_tests_against_the_baseline(tmp_path):
 
 
 
-def test_named_pairs_and_a_generated_section(tmp_path):
+def test_named_pairs_and_a_generated_section(tmp_path, capsys):
     """--pairs tests each named pair as the table does with that baseline; --section puts the tables, under
     the date, machine and command, between the markers of a hand-written page and leaves the rest alone."""
     rng = np.random.default_rng(1)
@@ -319,6 +319,8 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert row[7] == f"{1e4 * d / 31.5:+.1f} % ({1e4 * test.low / 31.5:+.1f} % to {1e4 * test.high / 31.5:+.1f} %)"
     assert row[8:13] == [f"{test.probability_better:.3f}", f"{test.p_value:.3g}", f"{b_vs_a.versus['matched_pairs_p']:.3g}",
                          f"{b_vs_a.versus['sign_p']:.3g}", f"better (p < 0.05; {approximate})"]
+    assert row[13:] == [f"{100 * test.resolvable:.2f}", str(test.seeds_needed), f"{100 * test.floor:.2f} |"]
+    assert test.floor < test.resolvable  # the two power columns are not one number twice
     # --target: the seeds for that difference, a column before the floor; the other cells stay put
     (planned,) = report.pairs(systems, [("MINI_B", "MINI_A")], "test", replications=400, target=7.5)
     table = report.pairs_markdown([planned], "test", target=7.5).splitlines()
@@ -368,9 +370,13 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     printed = re.search(r"by `python compare.py ([^`]*)`", page.read_text()).group(1)
     assert shlex.split(printed) == argv
     assert text.count("\n| MINI_A | ligru") == 1 and "| MINI_B | MINI_A | 2 / 2 | 21.50 | 31.50 |" in text
-    page.write_text("no markers here\n")
-    assert compare.main(["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study"]) == 1
-    assert page.read_text() == "no markers here\n"
+    capsys.readouterr()
+    for page_text in ("no markers here\n", "<!-- compare.py study -->\n", "<!-- compare.py study -->\n" * 2 +
+                      "<!-- /compare.py study -->\n"):
+        page.write_text(page_text)
+        assert compare.main(["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study"]) == 1
+        assert page.read_text() == page_text
+        assert "expected one line '<!-- compare.py study -->' followed by one line" in capsys.readouterr().err
     assert compare.main(["table", str(tmp_path / "runs"), "--pairs", "MINI_B"]) == 1
 
 
@@ -418,16 +424,21 @@ def test_claims_take_their_verdicts_from_the_run_level_reading(tmp_path):
                       "B beats A\t1 % better\tbetter\tMINI_B:MINI_A\n"
                       "A beats B\t2 % better\tbetter\tMINI_A:MINI_B\n"
                       "A is no worse than C\tequal\tnot worse\tMINI_A:MINI_C\n"
-                      "D beats A\tfar better\tbetter\tMINI_D:MINI_A\n")
+                      "D beats A\tfar better\tbetter\tMINI_D:MINI_A\n"
+                      "B is no worse than A\tequal\tnot worse\tMINI_B:MINI_A\n"
+                      "A is no better than B\tequal\tnot better\tMINI_A:MINI_B\n"
+                      "B is worse than A\tworse\tworse\tMINI_B:MINI_A\n")
     assert compare.main(["table", str(tmp_path / "runs"), "--claims", str(claims), "--replications", "200",
                          "--markdown", str(tmp_path / "out.md")]) == 0
-    rows = [line for line in (tmp_path / "out.md").read_text().splitlines() if line.startswith("| ") and " beats " in
-            line or "no worse" in line]
+    rows = [line for line in (tmp_path / "out.md").read_text().splitlines() if line.startswith("| ") and
+            (" beats " in line or " no worse " in line or " no better " in line or " is worse " in line)]
     verdicts = [row.rstrip(" |").rsplit(" | ", 1)[1] for row in rows]
     approximate = "(an approximate test below 3 seeds)"
+    # B is better than A at 5 %: what each expectation makes of it
     assert verdicts == [f"**agrees** {approximate}", f"**disagrees** {approximate}",
                         f"not resolved with 2 / 2 seeds {approximate}",
-                        "not resolved: one seed, run-to-run variance unknown"], rows
+                        "not resolved: one seed, run-to-run variance unknown", f"**agrees** {approximate}",
+                        f"**agrees** {approximate}", f"**disagrees** {approximate}"], rows
     (pair,) = report.pairs(group(find_runs([str(tmp_path / "runs")])), [("MINI_B", "MINI_A")], "test", replications=200)
     test = pair.versus["run_level"]
     assert f"| B beats A | 1 % better | `MINI_B : MINI_A` | {100 * test.difference:+.2f} ({100 * test.low:+.2f} to " \
@@ -446,6 +457,9 @@ def test_claims_take_their_verdicts_from_the_run_level_reading(tmp_path):
     assert compare.main(["table", str(tmp_path / "runs"), "--claims-only", "--markdown", str(page)]) == 1
     claims.write_text("claim\tpaper\texpects\tpair\nB beats A\t1 %\tfaster\tMINI_B:MINI_A\n")
     with pytest.raises(ValueError, match=r"claims.tsv:2: expected 4 tab-separated fields.*got 'B beats A"):
+        report.read_claims(claims)
+    claims.write_text("claim\tpaper\texpects\tpair\n\nB beats A\t1 %\tbetter\tMINI_B:MINI_A\tMINI_C\n")
+    with pytest.raises(ValueError, match=r"claims.tsv:3: expected 4 tab-separated fields"):
         report.read_claims(claims)
     assert compare.main(["table", str(tmp_path / "runs"), "--claims", str(claims)]) == 1
 
@@ -489,6 +503,37 @@ def test_archived_runs_give_the_same_table_and_count_as_finished(tmp_path):
     assert compare.table([str(kept)], baseline="MINI_A", replications=300) == original
     assert [r.parameters for s in group(find_runs([str(kept)])) for r in s.runs] == [17, 17, 19, 19]
     assert compare.main(["archive", str(tmp_path / "nothing"), str(kept)]) == 1  # not a folder of runs
+
+
+def test_only_the_utterances_every_run_scored_are_compared_each_with_its_length(tmp_path):
+    """A's second seed lacks utterance u05 and B lacks u00 (a decode cut short): the tests take the 28
+    utterances every run scored, each with its own length (5 + u tokens)."""
+    lengths = np.arange(5, 35)
+    rng = np.random.default_rng(5)
+    kept = {}
+    for name, seed, missing in (("A", 1, None), ("A", 2, 5), ("B", 1, 0), ("B", 2, 0)):
+        errors = rng.integers(0, 5, 30)
+        folder = tmp_path / name / f"seed{seed}"
+        fake_run(folder, f"MINI_{name}", "ligru" if name == "A" else "libru", seed, list(errors), 30, 30)
+        (folder / "decode_test" / "per_utt").write_text("# utt ref_len errors ins del sub\n" + "".join(
+            f"u{u:02d} {lengths[u]} {errors[u]} 0 0 {errors[u]}\n" for u in range(30) if u != missing))
+        kept[name, seed] = np.delete(errors, [0, 5])
+    a, b = group(find_runs([str(tmp_path / "*")]))
+    e, n, utterances = a.errors("test")
+    assert len(utterances) == 29 and "u05" not in utterances and list(n) == list(np.delete(lengths, 5))
+    (row,) = [r for r in report.rows([a, b], ["test"], "MINI_A", "test", replications=200) if r.versus]
+    expected = statistics.run_level(np.array([kept["A", 1], kept["A", 2]]), np.array([kept["B", 1], kept["B", 2]]),
+                                    np.delete(lengths, [0, 5]))
+    assert row.versus["run_level"].p_value == pytest.approx(expected.p_value)
+    assert row.versus["run_level"].utterance_variance == pytest.approx(expected.utterance_variance)
+    assert row.versus["difference"] == pytest.approx(expected.difference)
+
+
+def test_a_resumed_run_is_of_the_machine_it_finished_on(tmp_path):
+    fake_run(tmp_path / "seed1", "MINI_A", "ligru", 1, [1] * 30, 30, 30)
+    log = tmp_path / "seed1" / "log.txt"
+    log.write_text(log.read_text() + "13:00:00 machine: 2026-11-27, Another CPU, 4 cores, 1 thread\n")
+    assert find_runs([str(tmp_path)])[0].machine == "Another CPU, 4 cores, 1 thread"
 
 
 def test_runs_on_clones_in_other_folders_are_seeds_of_one_system(tmp_path):
@@ -591,6 +636,19 @@ if Path(config).stem == "b" and seed == "2":
     assert any("[6/6]" in line and "to go" in line for line in logged)
     again = run_sweep(configs, [1, 2], tmp_path / "out", log=logged.append, python=str(fake), jobs=2)
     assert [o.status for o in again] == ["skipped"] * 4 + ["failed", "skipped"]
+    (tmp_path / "out" / "a" / "seed1" / ".done" / "decode").unlink()  # trained, not decoded: not finished
+    third = run_sweep(configs, [1], tmp_path / "out", log=logged.append, python=str(fake), jobs=2)
+    assert [o.status for o in third] == ["done", "skipped", "skipped"]
+
+
+def test_seeds_and_pairs_on_the_command_line():
+    assert compare.parse_seeds("1-3,7") == [1, 2, 3, 7] and compare.parse_seeds("5") == [5]
+    assert compare.parse_seeds("2-3,1-2") == [1, 2, 3]
+    with pytest.raises(compare.ConfigError, match="--seeds"):
+        compare.parse_seeds("1-x")
+    assert compare.parse_pairs("A:B, C:D") == [("A", "B"), ("C", "D")]
+    with pytest.raises(compare.ConfigError, match="--pairs"):
+        compare.parse_pairs("A:B,C")
 
 
 def test_one_config_run_with_and_without_an_override_gives_two_named_systems(tmp_path):
@@ -606,6 +664,14 @@ def test_one_config_run_with_and_without_an_override_gives_two_named_systems(tmp
     systems = group(find_runs([str(tmp_path / "*" / "seed*")]))
     assert [(s.name, s.seeds) for s in systems] == [("MINI_A", [1, 2]), ("MINI_A(opt_bias_correction=False)", [1, 2])]
     (pair,) = report.pairs(systems, [("MINI_A", "MINI_A(opt_bias_correction=False)")], "test", replications=300)
+    # up to three options name a system; past three, a hash of what it shares
+    for variant, options in (("three", ("a = 1", "b = 2", "c = 3")), ("four", ("a = 1", "b = 2", "c = 3", "d = 4"))):
+        folder = tmp_path / variant / "seed1"
+        fake_run(folder, "MINI_A", "ligru", 1, [1] * 30, 20, 20)
+        resolved = folder / "config.resolved.cfg"
+        resolved.write_text(resolved.read_text().replace("unit = ligru\n", "unit = ligru\n" + "\n".join(options) + "\n"))
+    names = [s.name for s in group(find_runs([str(tmp_path / "*" / "seed*")]))]
+    assert "MINI_A(a=1, b=2, c=3)" in names and any(re.fullmatch(r"MINI_A#[0-9a-f]{6}", n) for n in names), names
     assert pair.against_error == 30 and pair.versus["run_level"].probability_better > 0.99
     assert compare.parse_pairs("MINI_A:MINI_A(opt_bias_correction=False)") == [
         ("MINI_A", "MINI_A(opt_bias_correction=False)")]
@@ -659,6 +725,33 @@ def _alive(pid: int, wait: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def test_the_figures_draw_each_systems_seeds_interval_and_dev_curves(tmp_path, monkeypatch):
+    """What the figures show, read back from matplotlib's artists: each seed's error at its place, the
+    interval from its low to its high end (asymmetric: the bootstrap's percentiles), each run's dev curve."""
+    from bru_kaldi.comparison import figures
+
+    for seed in (1, 2):
+        fake_run(tmp_path / "A" / f"seed{seed}", "MINI_A", "ligru", seed, [2, 3] * 15, 30, 29 + seed)
+    fake_run(tmp_path / "B" / "seed1", "MINI_B", "libru", 1, [1] * 30, 20, 19)
+    systems = group(find_runs([str(tmp_path / "*")]))
+    rows = [report.Row("MINI_A", "ligru", 10, 2, 61, 2000, {"test": [30.0, 31.0]}, {"test": (30.5, 28.0, 34.0)}, {}),
+            report.Row("MINI_B", "libru", 10, 2, 61, 2000, {"test": [20.0]}, {"test": (20.0, 19.0, 22.5)}, {})]
+    drawn = {}
+    monkeypatch.setattr(figures, "_save", lambda figure, folder, stem: drawn.setdefault(stem, figure) and [])
+    figures.plot(systems, rows, "test", tmp_path / "plots")
+    errors = drawn["errors"].axes[0]
+    seeds = [line for line in errors.lines if line.get_marker() == "o"]
+    assert [list(line.get_xdata()) for line in seeds] == [[30.0, 31.0], [20.0]]
+    assert [list(line.get_ydata()) for line in seeds] == [[0, 0], [1]]
+    bars = [c.lines[2][0].get_segments()[0] for c in errors.containers]  # each errorbar's horizontal segment
+    assert [(seg[0][0], seg[1][0], seg[0][1]) for seg in bars] == [(28.0, 34.0, 0), (19.0, 22.5, 1)]
+    curves = drawn["dev_curves"].axes[0].lines
+    assert [list(line.get_ydata()) for line in curves] == [[pytest.approx(61.0), pytest.approx(55.0)]] * 3  # percent
+    by_size, by_time = drawn["error_vs_cost"].axes
+    assert [c.lines[2][0].get_segments()[0][0][0] for c in by_size.containers] == [1e-5, 1e-5]  # parameters / 1e6
+    assert [c.lines[2][0].get_segments()[0][0][0] for c in by_time.containers] == [61 / 60, 61 / 60]
 
 
 def test_a_mean_over_seeds_of_epochs_reads_as_a_number_of_epochs():
