@@ -8,9 +8,10 @@ Usage: python bench/power_simulation.py [--replicates 4000] [--seed 0] [--smoke]
 Each setting takes its components from a pair of the archived five-seed study
 (``results/study_runs/layout2``; ``statistics.variance_components``): on the phone task Li-BRU : Li-GRU,
 whose test set's part is a twelfth of its seed-averaged spread, and UBRU with the Kalman recursion :
-UBRU, whose is more than half; on the word task both pairs of its table. A simulated study draws a test set of ``N``
-utterances (with replacement from the real test set's, with their lengths ``n_u`` and the baseline's
-mean errors ``c_u``) and ``S`` seeds of each system, with errors (counts; ``w_u = n_u / mean n``)
+UBRU, whose is more than half; on the word task both pairs of its table. A simulated study draws a test
+set of ``N`` utterances (with replacement from the real test set's, with their lengths ``n_u`` and the
+baseline's mean errors ``c_u``) and ``S`` seeds of each system, with errors (counts; ``w_u = n_u /
+mean n``)
 
     A: c_u + w_u a_s + g[s, u]           B: c_u + b_u + w_u a'_s + g'[s, u]
 
@@ -144,16 +145,16 @@ def main(argv=None) -> int:
     for task, system, against in SETTINGS:
         setting = Setting(task, system, against)
         name, c = setting.name, setting.components
-        print(f"{name} ({c.utterances} test utterances): runs' variance {c.runs[0]:.3g} / "
-              f"{c.runs[1]:.3g}, interaction {c.interaction[0]:.3g} / {c.interaction[1]:.3g}, test set {c.test_set:.3g}, "
+        print(f"{name} ({c.utterances} test utterances): runs' variance {c.runs[0]:.3g} / {c.runs[1]:.3g}, "
+              f"interaction {c.interaction[0]:.3g} / {c.interaction[1]:.3g}, test set {c.test_set:.3g}, "
               f"seed-averaged spread {c.spread:.3g} (rates as fractions, squared)", flush=True)
         for seeds in SEEDS:
             rng = np.random.default_rng([args.seed, seeds, len(rows)])
             rows.append((name, seeds, simulate(setting, seeds, replicates, rng)))
             r = rows[-1][2]
-            print(f"  S={seeds}: false positives {100 * r['false positives']:.1f} %, coverage {100 * r['coverage']:.1f} %, "
-                  f"floor {100 * r['floor']:.2f} points, estimated {r['estimated floor']:.2f} of it, seed-averaged "
-                  f"{r['seed-averaged floor']:.2f}", flush=True)
+            print(f"  S={seeds}: false positives {100 * r['false positives']:.1f} %, coverage "
+                  f"{100 * r['coverage']:.1f} %, floor {100 * r['floor']:.2f} points, estimated "
+                  f"{r['estimated floor']:.2f} of it, seed-averaged {r['seed-averaged floor']:.2f}", flush=True)
     text = table(rows)
     print(text)
     if args.markdown:

@@ -79,7 +79,8 @@ def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str]
                 mi = [utts.index(u) for u in common]
                 lengths = base_n[bi]
                 versus = {
-                    "difference": statistics.error_rate(mine[:, mi], lengths) - statistics.error_rate(base[:, bi], lengths),
+                    "difference": (statistics.error_rate(mine[:, mi], lengths)
+                                   - statistics.error_rate(base[:, bi], lengths)),
                     "run_level": statistics.run_level(base[:, bi], mine[:, mi], lengths,
                                                     target=None if target is None else target / 100),
                     "matched_pairs_p": statistics.matched_pairs(base[:, bi], mine[:, mi]).p_value,
@@ -296,7 +297,8 @@ class Claim:
         reading = pair.reading(alpha)
         agreeing, disagreeing = EXPECTATIONS[self.expects]
         test = pair.versus.get("run_level") if pair.versus else None
-        caveat = f" (an approximate test below {statistics.APPROXIMATE_BELOW} seeds)" if test and test.approximate else ""
+        approximate = test is not None and test.approximate
+        caveat = f" (an approximate test below {statistics.APPROXIMATE_BELOW} seeds)" if approximate else ""
         if reading.startswith(agreeing):
             return "agrees" + caveat
         if reading.startswith(disagreeing):

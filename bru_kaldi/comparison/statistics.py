@@ -361,4 +361,5 @@ def run_level(errors_a, errors_b, lengths, alpha: float = 0.05, power: float = 0
     half = float(scipy_stats.t.ppf(1 - alpha / 2, df) * math.sqrt(variance))
     seed_variance = sum(runs / n for runs, n in zip(components.runs, components.seeds))
     return RunLevelTest(difference, math.sqrt(variance), seed_variance, components.test_set, df, statistic, p_value,
-                        difference - half, difference + half, better, components.seeds, components, alpha, power, target)
+                        difference - half, difference + half, better, components.seeds, components, alpha, power,
+                        target)
