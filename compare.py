@@ -15,15 +15,17 @@ sweep  runs every (config, seed) through run_exp.py into OUT/<config>/seed<N> (d
        --jobs N runs N at a time, each with cores / N threads (more runs an hour for small models).
 table  groups experiment folders by config (everything but [exp] seed and out_folder), and prints per
        config: units, parameters, epochs, training time, frames/s, dev and test error per seed and as
-       mean ± sd, a 95 % interval over utterances and seeds, and against --baseline the probability of
-       improvement (paired bootstrap over utterances and seeds, as Kaldi's compute-wer-bootci with the
-       seeds drawn too), the run-level test (the training run as the unit: the seeds' variance and the
-       test set's), and the utterance-only tests (MAPSSWE matched pairs, sign test), which cannot see
-       how much another training run would differ (bru_kaldi/comparison/statistics.py says exactly how).
-       --pairs A:B,C:D tests chosen pairs in a second table (A against B...) with a verdict from the
-       run-level test alone: better, worse, or not resolved with the seeds run (one seed: never
-       resolved), the difference the design resolves with 80 % power, the seeds per system that
-       would resolve the observed one, and what unlimited seeds would resolve (the test set's floor);
+       mean ± sd, a 95 % bootstrap interval over utterances and seeds (Kaldi's compute-wer-bootci with
+       the seeds drawn too), and against --baseline the run-level test (the training run as the unit:
+       the seeds' variance and the test set's) with P(better) read off it, and the utterance-only tests
+       (MAPSSWE matched pairs, sign test), which cannot see how much another training run would differ
+       (bru_kaldi/comparison/statistics.py says exactly how).
+       --pairs A:B,C:D tests chosen pairs in a second table (A against B...): the difference (the
+       test's own, from the per-utterance counts) and a verdict from the run-level test alone: better,
+       worse, or not resolved with the seeds run (one seed: never resolved; fewer than three: an
+       approximate test, and the verdict says so), the difference the design resolves with 80 % power,
+       the seeds per system that would resolve the observed one, and what unlimited seeds would
+       resolve (the test set's floor);
        --target POINTS adds the seeds per system that would resolve a difference of POINTS (a study's
        plan: how many seeds to run);
        --claims F (tab-separated: claim, the paper's numbers, expects better / not worse / worse /

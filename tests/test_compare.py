@@ -29,13 +29,15 @@ def test_one_utterance_one_seed_has_no_spread():
     assert (iv.rate, iv.mean, iv.low, iv.high) == pytest.approx((0.3, 0.3, 0.3, 0.3)) and iv.half_width < 1e-12
 
 
-def test_probability_of_improvement_of_two_utterances():
-    """A: 1 error on utterance 1, 0 on 2; B: none. B is strictly better unless both draws are utterance 2:
-    P = 1 - 1/4."""
-    p = statistics.probability_of_improvement([[1, 0]], [[0, 0]], [1, 1], replications=40000)
-    assert abs(p - 0.75) < 0.01
-    assert statistics.probability_of_improvement([[1, 0]], [[1, 0]], [1, 1], replications=1000) == 0.0  # ties never count
-    assert statistics.probability_of_improvement([[0, 0]], [[1, 0]], [1, 1], replications=1000) == 0.0
+def test_the_interval_is_the_2_5_and_97_5_percentiles_of_an_exact_distribution():
+    """One seed of ten one-token utterances, three of them wrong: the bootstrap's rate is Binomial(10, 0.3) / 10
+    exactly. Its 2.5 % point is 0 (P(X = 0) = 0.7^10 = 0.028 > 0.025) and its 97.5 % point 0.6 (P(X <= 5) = 0.953,
+    P(X <= 6) = 0.989); a 90 % interval (5 and 95 %) would be 0.1 to 0.5."""
+    assert scipy_stats.binom.cdf([0, 1, 4, 5, 6], 10, 0.3) == pytest.approx([0.0282, 0.1493, 0.8497, 0.9527, 0.9894],
+                                                                             abs=1e-4)
+    iv = statistics.interval([[1, 1, 1, 0, 0, 0, 0, 0, 0, 0]], [1] * 10, replications=40000)
+    assert (iv.low, iv.high) == (pytest.approx(0.0), pytest.approx(0.6))
+    assert iv.half_width == pytest.approx(1.96 * math.sqrt(0.3 * 0.7 / 10), rel=0.02)  # Kaldi's 1.96 sd
 
 
 def test_two_seeds_on_one_utterance_give_the_seed_distribution():
@@ -95,13 +97,19 @@ def test_run_level_test_when_the_seeds_disagree():
     v_a, v_b = 0.01 / 3, 0.07 / 9
     assert test.difference == pytest.approx(-0.2 / 3)
     assert (test.seed_variance, test.utterance_variance) == (pytest.approx(v_a + v_b), pytest.approx(0, abs=1e-20))
+    assert test.components.interaction == (0, 0) and test.components.spread == pytest.approx(0, abs=1e-20)
     assert test.df == pytest.approx((v_a + v_b) ** 2 / (v_a ** 2 / 2 + v_b ** 2 / 2))
     welch = scipy_stats.ttest_ind(b.sum(1) / 200, a.sum(1) / 200, equal_var=False)
     assert (test.statistic, test.p_value) == (pytest.approx(welch.statistic), pytest.approx(welch.pvalue))
     assert test.p_value == pytest.approx(0.567, abs=0.002)
+    # P(better): the t distribution's mass below 0 for B - A, here a little over half (B is 6.7 points lower)
+    assert test.probability_better == pytest.approx(scipy_stats.t.cdf(-welch.statistic, test.df))
+    assert test.probability_better == pytest.approx(1 - test.p_value / 2)
+    assert statistics.run_level(b, a, lengths).probability_better == pytest.approx(test.p_value / 2)
     assert test.reading() == "not resolved with 3 / 3 seeds"
-    # B's seeds first, as the pairs table's column "seeds" (system / against)
-    assert statistics.run_level(a, b[:2], lengths).reading() == "not resolved with 2 / 3 seeds"
+    # B's seeds first, as the pairs table's column "seeds" (system / against); two seeds: an approximate test
+    assert statistics.run_level(a, b[:2], lengths).reading() == \
+        "not resolved with 2 / 3 seeds (an approximate test below 3 seeds)"
 
     def detectable(n):  # with n seeds each, the variances as observed: (t_.975 + t_.8) SE at the Welch df
         parts = [v_a * 3 / n, v_b * 3 / n]
@@ -118,36 +126,88 @@ def test_run_level_test_when_the_seeds_disagree():
     assert test.floor == pytest.approx(0, abs=1e-12)  # the utterances agree: unlimited seeds resolve anything
 
 
-def test_run_level_test_when_every_seed_agrees():
-    """A's seeds 0.300 / 0.325 / 0.275, B's 0.150 / 0.150 / 0.175 on four utterances of 10 tokens: the test
-    set's variance joins the seeds' (hand-computed below), and B is better at 5 %."""
+# Four utterances of 10 tokens; A's seeds 0.300 / 0.325 / 0.275, B's 0.150 / 0.150 / 0.175 (the rates' variances
+# over seeds 0.000625 and 0.000625 / 3). Each seed's extra or missing errors fall on one or two utterances: the
+# seed x utterance interaction, by hand below.
+SEEDS_A = np.array([[3, 3, 3, 3], [4, 3, 3, 3], [3, 3, 3, 2]])
+SEEDS_B = np.array([[2, 1, 2, 1], [2, 2, 1, 1], [1, 2, 2, 2]])
+
+
+def test_the_interaction_is_taken_out_of_the_test_sets_part():
+    """The two-way residuals of A (rows: seeds; by hand, row and column means 3 / 3.25 / 2.75 and 10/3, 3, 3,
+    8/3) are -1/3 0 0 1/3; 5/12 -1/4 -1/4 1/12; -1/12 1/4 1/4 -5/12: sum of squares 5/6 over (3 - 1)(4 - 1)
+    degrees of freedom, MS 5/36; B's, 5/12 -7/12 5/12 -1/4; 5/12 5/12 -7/12 -1/4; -5/6 1/6 1/6 1/2: MS 5/12.
+    A run's interaction is N MS / L^2. The seed-averaged differences d = [-5/3, -4/3, -4/3, -4/3] spread by
+    1/36 (N var(d) / L^2 = 1/14400): less than the interaction they hold (5/36 / 3 + 5/12 / 3 counts, squared),
+    so the test set's part is none, and the test is Welch's on the per-seed rates alone."""
     lengths = np.full(4, 10)
-    a = np.array([[3, 3, 3, 3], [4, 3, 3, 3], [3, 3, 3, 2]])
-    b = np.array([[2, 1, 2, 1], [2, 2, 1, 1], [1, 2, 2, 2]])
-    test = statistics.run_level(a, b, lengths)
-    v_a, v_b = 0.000625 / 3, 0.000625 / 3 / 3  # per-seed rate variances over 3 seeds
-    # seed-averaged differences d = [-5/3, -4/3, -4/3, -4/3], var 1/36; the rate's: N var(d) / L^2
-    v_u = 4 * (1 / 36) / 40 ** 2
-    se = math.sqrt(v_a + v_b + v_u)
-    df = se ** 4 / (v_a ** 2 / 2 + v_b ** 2 / 2 + v_u ** 2 / 3)
+    test = statistics.run_level(SEEDS_A, SEEDS_B, lengths)
+    c = test.components
+    assert c.interaction == (pytest.approx(4 * 5 / 36 / 1600), pytest.approx(4 * 5 / 12 / 1600))
+    assert c.spread == pytest.approx(1 / 14400) and c.test_set == 0 and test.utterance_variance == 0
+    v_a, v_b = 0.000625 / 3, 0.000625 / 3 / 3
+    se = math.sqrt(v_a + v_b)
+    df = se ** 4 / (v_a ** 2 / 2 + v_b ** 2 / 2)
     assert test.difference == pytest.approx(0.475 / 3 - 0.3)
-    assert (test.utterance_variance, test.standard_error, test.df) == (pytest.approx(v_u), pytest.approx(se),
-                                                                       pytest.approx(df))
-    assert test.statistic == pytest.approx((0.475 / 3 - 0.3) / se) and test.statistic == pytest.approx(-7.60, abs=0.01)
-    assert test.p_value == pytest.approx(2 * scipy_stats.t.sf(7.6026, df), rel=1e-3)  # two-sided
-    assert test.p_value < 0.002 and test.reading() == "better (p < 0.05)"
-    assert statistics.run_level(b, a, lengths).reading() == "worse (p < 0.05)"
-    assert statistics.run_level(b, a, lengths).p_value == pytest.approx(test.p_value)
+    assert (test.standard_error, test.df) == (pytest.approx(se), pytest.approx(df))
+    assert test.statistic == pytest.approx(-8.5) and test.p_value == pytest.approx(2 * scipy_stats.t.sf(8.5, df))
+    assert test.p_value < 0.005 and test.reading() == "better (p < 0.05)"
+    assert test.probability_better == pytest.approx(scipy_stats.t.cdf(8.5, df)) and test.probability_better > 0.975
+    assert statistics.run_level(SEEDS_B, SEEDS_A, lengths).reading() == "worse (p < 0.05)"
+    assert statistics.run_level(SEEDS_B, SEEDS_A, lengths).p_value == pytest.approx(test.p_value)
     half = scipy_stats.t.ppf(0.975, df) * se
     assert (test.low, test.high) == (pytest.approx(test.difference - half), pytest.approx(test.difference + half))
     assert test.resolvable == pytest.approx((scipy_stats.t.ppf(0.975, df) + scipy_stats.t.ppf(0.8, df)) * se)
-    assert test.seeds_needed == 2
+    assert test.seeds_needed == 2 and test.floor == 0  # no test set's part: unlimited seeds resolve anything
+    assert statistics.run_level(SEEDS_A, SEEDS_A, lengths).reading() == "not resolved with 3 / 3 seeds"
+
+
+def test_a_test_sets_part_that_remains_and_the_seeds_a_target_needs():
+    """B as above with two more errors on the first utterance at every seed (the interaction and the seeds'
+    rates' spread stay): d = [1/3, -4/3, -4/3, -4/3], D = -11/120, residuals d - D n_u = [15/12, -5/12 x 3],
+    spread N (25/12) / 3 / L^2 = 25/14400; less the interaction, 5/14400 / 3 + 15/14400 / 3, leaves 55/43200.
+    The run-level variance is 9/43200 + 3/43200 (the seeds') + 55/43200, its df Satterthwaite's over all five
+    estimates: the spread with N - 1 = 3 df, each interaction with (3 - 1)(4 - 1) = 6, subtracted."""
+    lengths = np.full(4, 10)
+    b = SEEDS_B + [2, 0, 0, 0]
+    test = statistics.run_level(SEEDS_A, b, lengths)
+    c = test.components
+    assert (c.spread, c.test_set) == (pytest.approx(25 / 14400), pytest.approx(55 / 43200))
+    assert test.difference == pytest.approx(-11 / 120) and test.utterance_variance == pytest.approx(55 / 43200)
+    parts = [(9 / 43200, 2), (3 / 43200, 2), (75 / 43200, 3), (-5 / 43200, 6), (-15 / 43200, 6)]
+    variance = sum(v for v, _ in parts)
+    df = variance ** 2 / sum(v * v / d for v, d in parts)
+    assert variance == pytest.approx(67 / 43200) and df == pytest.approx(4489 / 1961.6667, rel=1e-5)
+    assert (test.standard_error, test.df) == (pytest.approx(math.sqrt(variance)), pytest.approx(df))
+    assert test.p_value == pytest.approx(2 * scipy_stats.t.sf(11 / 120 / math.sqrt(variance), df))
     # unlimited seeds: the test set's part alone, with N - 1 = 3 degrees of freedom
-    assert test.floor == pytest.approx((scipy_stats.t.ppf(0.975, 3) + scipy_stats.t.ppf(0.8, 3)) * math.sqrt(v_u))
+    floor = (scipy_stats.t.ppf(0.975, 3) + scipy_stats.t.ppf(0.8, 3)) * math.sqrt(55 / 43200)
+    assert test.floor == pytest.approx(floor)
+
+    def detectable(n):  # n seeds each: the seeds' parts and the interaction shrink as 1 / n, the test set's stays
+        parts = [(27 / 43200 / n, n - 1), (9 / 43200 / n, n - 1), (55 / 43200 + 60 / 43200 / n, 3),
+                 (-15 / 43200 / n, 6 * (n - 1) / 2), (-45 / 43200 / n, 6 * (n - 1) / 2)]
+        v = sum(p for p, _ in parts)
+        df = v * v / sum(p * p / d for p, d in parts)
+        return (scipy_stats.t.ppf(0.975, df) + scipy_stats.t.ppf(0.8, df)) * math.sqrt(v)
+
+    assert detectable(3) == pytest.approx(test.resolvable)
+    target = 0.16  # a little above the floor: many seeds
+    needed = next(n for n in range(2, 100) if detectable(n) <= target)
+    assert needed > 5 and statistics.run_level(SEEDS_A, b, lengths, target=target).seeds_for_target == needed
     # a target below the floor: no number of seeds resolves it on this test set
-    assert statistics.run_level(a, b, lengths, target=0.9 * test.floor).seeds_for_target is None
-    assert statistics.run_level(a, b, lengths, target=test.floor * 1.5).seeds_for_target >= 2
-    assert statistics.run_level(a, a, lengths).reading() == "not resolved with 3 / 3 seeds"
+    assert statistics.run_level(SEEDS_A, b, lengths, target=0.9 * floor).seeds_for_target is None
+
+
+def test_the_test_sets_part_is_a_ratios_residual():
+    """Utterances of 5, 10 and 15 tokens, each system's second seed one error more on every utterance (no
+    interaction), B three more than A on the last: d = [0, 0, 3], D = 3 / 30, and the residuals d - D n_u =
+    [-0.5, -1, 1.5] (sum of squares 3.5), not d - mean(d) (6): the test set's part is 3 x 3.5 / 2 / 30^2."""
+    lengths = np.array([5, 10, 15])
+    a = np.array([[1, 2, 3], [2, 3, 4]])
+    test = statistics.run_level(a, a + [0, 0, 3], lengths)
+    assert test.components.interaction == (pytest.approx(0, abs=1e-20), pytest.approx(0, abs=1e-20))
+    assert test.utterance_variance == pytest.approx(3 * 3.5 / 2 / 900)
 
 
 def test_one_seed_has_no_run_level_test():
@@ -200,7 +260,7 @@ def test_the_table_groups_seeds_and_tests_against_the_baseline(tmp_path):
     rows = report.rows(systems, ["dev", "test"], "MINI_A", "test", replications=2000)
     a, b = rows
     assert a.errors["test"] == [30.0, 31.0, 32.0] and a.epochs == 2 and a.seconds == 61.0 and a.frames_per_second == 2000
-    assert a.versus == {} and b.versus["probability_of_improvement"] > 0.99
+    assert a.versus == {} and b.versus["run_level"].probability_better > 0.99
     assert b.versus["matched_pairs_p"] < 1e-3 and b.versus["sign_p"] < 1e-3
     rate, low, high = b.intervals["test"]
     assert low < rate < high
@@ -208,6 +268,14 @@ def test_the_table_groups_seeds_and_tests_against_the_baseline(tmp_path):
                          plots=tmp_path / "plots", replications=500)
     assert "30.00 / 31.00 / 32.00" in text and "31.00 ± 1.00" in text
     assert (tmp_path / "t.md").read_text().count("\n") == 4 and "MINI_B" in (tmp_path / "t.csv").read_text()
+    # the interval's cell is the bootstrap's percentiles, P(better) and p the run-level test's
+    lines = (tmp_path / "t.md").read_text().splitlines()  # the header, the rule, A's row, B's
+    cells = dict(zip(*[line.strip("| ").split(" | ") for line in (lines[0], lines[3])]))
+    test = b.versus["run_level"]
+    assert cells["run-level P(better than baseline)"] == f"{test.probability_better:.3f}" != ""
+    assert cells["run-level p"] == f"{test.p_value:.3g}"
+    shown = statistics.interval(*group(find_runs([str(tmp_path / "B")]))[0].errors("test")[:2], 500)
+    assert cells["test 95 % interval (bootstrap)"] == f"{100 * shown.low:.2f}-{100 * shown.high:.2f}"
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "dev_curves.png", "dev_curves.svg", "error_vs_cost.png", "error_vs_cost.svg", "errors.png", "errors.svg"]
     # figures are committed with a study: remade from the same runs they are the same bytes (no date, fixed ids)
@@ -219,30 +287,40 @@ def test_the_table_groups_seeds_and_tests_against_the_baseline(tmp_path):
 
 
 
-def test_named_pairs_and_a_generated_section(tmp_path):
+def test_named_pairs_and_a_generated_section(tmp_path, capsys):
     """--pairs tests each named pair as the table does with that baseline; --section puts the tables, under
     the date, machine and command, between the markers of a hand-written page and leaves the rest alone."""
     rng = np.random.default_rng(1)
+    errors = {}  # (system, seed) -> errors on the 30 test utterances of 10 tokens
     for seed in (1, 2):
-        fake_run(tmp_path / "runs" / "A" / f"seed{seed}", "MINI_A", "ligru", seed, list(rng.integers(2, 5, 30)), 31, 30 + seed)
-        fake_run(tmp_path / "runs" / "B" / f"seed{seed}", "MINI_B", "libru", seed, list(rng.integers(0, 3, 30)), 21, 20 + seed)
-        fake_run(tmp_path / "runs" / "C" / f"seed{seed}", "MINI_C", "lstm", seed, list(rng.integers(2, 5, 30)), 31, 32)
+        for system, unit, low, dev, test_error in (("A", "ligru", 2, 31, 30 + seed), ("B", "libru", 0, 21, 20 + seed),
+                                                   ("C", "lstm", 2, 31, 32)):
+            errors[system, seed] = list(rng.integers(low, low + 3, 30))
+            fake_run(tmp_path / "runs" / system / f"seed{seed}", f"MINI_{system}", unit, seed, errors[system, seed], dev,
+                     test_error)
     systems = group(find_runs([str(tmp_path / "runs" / "*")]))
     (b_vs_a, c_vs_b) = report.pairs(systems, [("MINI_B", "MINI_A"), ("MINI_C", "MINI_B")], "test", replications=400)
-    assert (b_vs_a.system_error, b_vs_a.against_error) == (21.5, 31.5)
+    assert (b_vs_a.system_error, b_vs_a.against_error) == (21.5, 31.5)  # the means of res.res's rates
     assert b_vs_a.versus == report.rows(systems, ["test"], "MINI_A", "test", replications=400)[1].versus
-    assert b_vs_a.versus["probability_of_improvement"] > 0.99 and c_vs_b.versus["probability_of_improvement"] < 0.01
-    assert "| MINI_B | MINI_A | 2 / 2 | 21.50 | 31.50 | -10.00 |" in report.pairs_markdown([b_vs_a], "test")
-    assert (b_vs_a.reading(), c_vs_b.reading()) == ("better (p < 0.05)", "worse (p < 0.05)")
+    # P(better) beyond 0.975 exactly where the two-sided run-level test calls B better at 5 %
+    assert b_vs_a.versus["run_level"].probability_better > 0.975 and c_vs_b.versus["run_level"].probability_better < 0.025
+    # the difference is the test's own D, from the per-utterance counts (300 tokens a seed), not 21.50 - 31.50
+    d = (sum(errors["B", 1]) + sum(errors["B", 2]) - sum(errors["A", 1]) - sum(errors["A", 2])) / 600
+    assert b_vs_a.versus["difference"] == pytest.approx(d) and b_vs_a.versus["run_level"].difference == pytest.approx(d)
+    assert f"| MINI_B | MINI_A | 2 / 2 | 21.50 | 31.50 | {100 * d:+.2f} |" in report.pairs_markdown([b_vs_a], "test")
+    approximate = "an approximate test below 3 seeds"
+    assert (b_vs_a.reading(), c_vs_b.reading()) == (f"better (p < 0.05; {approximate})", f"worse (p < 0.05; {approximate})")
     (a_vs_c,) = report.pairs(systems, [("MINI_A", "MINI_C")], "test", replications=400)  # errors drawn alike
-    assert a_vs_c.versus["matched_pairs_p"] > 0.05 and a_vs_c.reading() == "not resolved with 2 / 2 seeds"
+    assert a_vs_c.versus["matched_pairs_p"] > 0.05
+    assert a_vs_c.reading() == f"not resolved with 2 / 2 seeds ({approximate})"
     row = report.pairs_markdown([b_vs_a], "test").splitlines()[-1].split(" | ")
-    # relative to A's mean error, the run-level interval (fractions; the errors in points) scaled the same
-    # way: -10.00 / 31.50 = -31.7 %
+    # relative to A's mean error, the difference and its run-level interval (fractions; the errors in points)
     test = b_vs_a.versus["run_level"]
-    assert row[7] == f"-31.7 % ({1e4 * test.low / 31.5:+.1f} % to {1e4 * test.high / 31.5:+.1f} %)"
-    assert row[9:13] == [f"{b_vs_a.versus['run_level'].p_value:.3g}", f"{b_vs_a.versus['matched_pairs_p']:.3g}",
-                         f"{b_vs_a.versus['sign_p']:.3g}", "better (p < 0.05)"]
+    assert row[7] == f"{1e4 * d / 31.5:+.1f} % ({1e4 * test.low / 31.5:+.1f} % to {1e4 * test.high / 31.5:+.1f} %)"
+    assert row[8:13] == [f"{test.probability_better:.3f}", f"{test.p_value:.3g}", f"{b_vs_a.versus['matched_pairs_p']:.3g}",
+                         f"{b_vs_a.versus['sign_p']:.3g}", f"better (p < 0.05; {approximate})"]
+    assert row[13:] == [f"{100 * test.resolvable:.2f}", str(test.seeds_needed), f"{100 * test.floor:.2f} |"]
+    assert test.floor < test.resolvable  # the two power columns are not one number twice
     # --target: the seeds for that difference, a column before the floor; the other cells stay put
     (planned,) = report.pairs(systems, [("MINI_B", "MINI_A")], "test", replications=400, target=7.5)
     table = report.pairs_markdown([planned], "test", target=7.5).splitlines()
@@ -256,7 +334,9 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     assert one_seed.versus["matched_pairs_p"] < 0.05  # the utterances alone would call it, the runs cannot
     assert one_seed.reading() == "not resolved: one seed, run-to-run variance unknown"
     assert "| one seed | " in report.pairs_markdown([one_seed], "test")
-    assert report.pairs_markdown([one_seed], "test").splitlines()[-1].split(" | ")[7] == "-32.3 %"  # (21 - 31) / 31; no interval: one seed
+    d = (sum(errors["B", 1]) - sum(errors["A", 1])) / 3  # points; A's seed 1 has 31.00 in res.res
+    cells = report.pairs_markdown([one_seed], "test").splitlines()[-1].split(" | ")
+    assert cells[5:9] == [f"{d:+.2f}", "", f"{100 * d / 31:+.1f} %", ""]  # no interval, no P(better): one seed
     with pytest.raises(ValueError, match="no system MINI_D"):
         report.pairs(systems, [("MINI_D", "MINI_A")], "test")
     (not_started,) = report.pairs(systems, [("MINI_D", "MINI_A")], "test", missing_ok=True)  # a study under way
@@ -290,9 +370,13 @@ def test_named_pairs_and_a_generated_section(tmp_path):
     printed = re.search(r"by `python compare.py ([^`]*)`", page.read_text()).group(1)
     assert shlex.split(printed) == argv
     assert text.count("\n| MINI_A | ligru") == 1 and "| MINI_B | MINI_A | 2 / 2 | 21.50 | 31.50 |" in text
-    page.write_text("no markers here\n")
-    assert compare.main(["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study"]) == 1
-    assert page.read_text() == "no markers here\n"
+    capsys.readouterr()
+    for page_text in ("no markers here\n", "<!-- compare.py study -->\n", "<!-- compare.py study -->\n" * 2 +
+                      "<!-- /compare.py study -->\n"):
+        page.write_text(page_text)
+        assert compare.main(["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study"]) == 1
+        assert page.read_text() == page_text
+        assert "expected one line '<!-- compare.py study -->' followed by one line" in capsys.readouterr().err
     assert compare.main(["table", str(tmp_path / "runs"), "--pairs", "MINI_B"]) == 1
 
 
@@ -340,15 +424,26 @@ def test_claims_take_their_verdicts_from_the_run_level_reading(tmp_path):
                       "B beats A\t1 % better\tbetter\tMINI_B:MINI_A\n"
                       "A beats B\t2 % better\tbetter\tMINI_A:MINI_B\n"
                       "A is no worse than C\tequal\tnot worse\tMINI_A:MINI_C\n"
-                      "D beats A\tfar better\tbetter\tMINI_D:MINI_A\n")
+                      "D beats A\tfar better\tbetter\tMINI_D:MINI_A\n"
+                      "B is no worse than A\tequal\tnot worse\tMINI_B:MINI_A\n"
+                      "A is no better than B\tequal\tnot better\tMINI_A:MINI_B\n"
+                      "B is worse than A\tworse\tworse\tMINI_B:MINI_A\n")
     assert compare.main(["table", str(tmp_path / "runs"), "--claims", str(claims), "--replications", "200",
                          "--markdown", str(tmp_path / "out.md")]) == 0
-    rows = [line for line in (tmp_path / "out.md").read_text().splitlines() if line.startswith("| ") and " beats " in
-            line or "no worse" in line]
+    rows = [line for line in (tmp_path / "out.md").read_text().splitlines() if line.startswith("| ") and
+            (" beats " in line or " no worse " in line or " no better " in line or " is worse " in line)]
     verdicts = [row.rstrip(" |").rsplit(" | ", 1)[1] for row in rows]
-    assert verdicts == ["**agrees**", "**disagrees**", "not resolved with 2 / 2 seeds",
-                        "not resolved: one seed, run-to-run variance unknown"], rows
-    assert "| B beats A | 1 % better | `MINI_B : MINI_A` | -10.00 (" in rows[0]
+    approximate = "(an approximate test below 3 seeds)"
+    # B is better than A at 5 %: what each expectation makes of it
+    assert verdicts == [f"**agrees** {approximate}", f"**disagrees** {approximate}",
+                        f"not resolved with 2 / 2 seeds {approximate}",
+                        "not resolved: one seed, run-to-run variance unknown", f"**agrees** {approximate}",
+                        f"**agrees** {approximate}", f"**disagrees** {approximate}"], rows
+    (pair,) = report.pairs(group(find_runs([str(tmp_path / "runs")])), [("MINI_B", "MINI_A")], "test", replications=200)
+    test = pair.versus["run_level"]
+    assert f"| B beats A | 1 % better | `MINI_B : MINI_A` | {100 * test.difference:+.2f} ({100 * test.low:+.2f} to " \
+        f"{100 * test.high:+.2f}) | {test.p_value:.3g} |" in rows[0]
+    assert f"{100 * test.difference:+.2f}" != "-10.00"  # not the difference of res.res's means, 21.50 - 31.50
     # --claims-only: the page gets the claims' table alone, the same rows, under the command that makes it
     page = tmp_path / "README.md"
     page.write_text("<!-- compare.py claims -->\n<!-- /compare.py claims -->\n")
@@ -363,16 +458,20 @@ def test_claims_take_their_verdicts_from_the_run_level_reading(tmp_path):
     claims.write_text("claim\tpaper\texpects\tpair\nB beats A\t1 %\tfaster\tMINI_B:MINI_A\n")
     with pytest.raises(ValueError, match=r"claims.tsv:2: expected 4 tab-separated fields.*got 'B beats A"):
         report.read_claims(claims)
+    claims.write_text("claim\tpaper\texpects\tpair\n\nB beats A\t1 %\tbetter\tMINI_B:MINI_A\tMINI_C\n")
+    with pytest.raises(ValueError, match=r"claims.tsv:3: expected 4 tab-separated fields"):
+        report.read_claims(claims)
     assert compare.main(["table", str(tmp_path / "runs"), "--claims", str(claims)]) == 1
 
 
 def test_the_archived_study_reads_as_its_runs_allow():
-    """The 3-seed study: the utterance-only tests call the first two pairs, the runs cannot; the third
-    difference is larger than the seeds' spread."""
-    systems = group(find_runs([str(ROOT / "results" / "study_runs" / "phones")]))
+    """The five-seed study: the utterance-only tests call the first pair (p 0.002), the runs cannot; the
+    others' differences are larger than the seeds' spread."""
+    systems = group(find_runs([str(ROOT / "results" / "study_runs" / "layout2" / "phones")]))
     wanted = [("MINI_liBRU", "MINI_liGRU"), ("MINI_LBRU", "MINI_GRU_bi"), ("MINI_UBRU_kalman", "MINI_UBRU_bi")]
-    readings = [p.reading() for p in report.pairs(systems, wanted, "test", replications=100)]
-    assert readings == ["not resolved with 3 / 3 seeds", "not resolved with 3 / 3 seeds", "worse (p < 0.05)"]
+    found = report.pairs(systems, wanted, "test", replications=100)
+    assert found[0].versus["matched_pairs_p"] < 0.01
+    assert [p.reading() for p in found] == ["not resolved with 5 / 5 seeds", "better (p < 0.05)", "worse (p < 0.05)"]
 
 
 def test_archived_runs_give_the_same_table_and_count_as_finished(tmp_path):
@@ -404,6 +503,37 @@ def test_archived_runs_give_the_same_table_and_count_as_finished(tmp_path):
     assert compare.table([str(kept)], baseline="MINI_A", replications=300) == original
     assert [r.parameters for s in group(find_runs([str(kept)])) for r in s.runs] == [17, 17, 19, 19]
     assert compare.main(["archive", str(tmp_path / "nothing"), str(kept)]) == 1  # not a folder of runs
+
+
+def test_only_the_utterances_every_run_scored_are_compared_each_with_its_length(tmp_path):
+    """A's second seed lacks utterance u05 and B lacks u00 (a decode cut short): the tests take the 28
+    utterances every run scored, each with its own length (5 + u tokens)."""
+    lengths = np.arange(5, 35)
+    rng = np.random.default_rng(5)
+    kept = {}
+    for name, seed, missing in (("A", 1, None), ("A", 2, 5), ("B", 1, 0), ("B", 2, 0)):
+        errors = rng.integers(0, 5, 30)
+        folder = tmp_path / name / f"seed{seed}"
+        fake_run(folder, f"MINI_{name}", "ligru" if name == "A" else "libru", seed, list(errors), 30, 30)
+        (folder / "decode_test" / "per_utt").write_text("# utt ref_len errors ins del sub\n" + "".join(
+            f"u{u:02d} {lengths[u]} {errors[u]} 0 0 {errors[u]}\n" for u in range(30) if u != missing))
+        kept[name, seed] = np.delete(errors, [0, 5])
+    a, b = group(find_runs([str(tmp_path / "*")]))
+    e, n, utterances = a.errors("test")
+    assert len(utterances) == 29 and "u05" not in utterances and list(n) == list(np.delete(lengths, 5))
+    (row,) = [r for r in report.rows([a, b], ["test"], "MINI_A", "test", replications=200) if r.versus]
+    expected = statistics.run_level(np.array([kept["A", 1], kept["A", 2]]), np.array([kept["B", 1], kept["B", 2]]),
+                                    np.delete(lengths, [0, 5]))
+    assert row.versus["run_level"].p_value == pytest.approx(expected.p_value)
+    assert row.versus["run_level"].utterance_variance == pytest.approx(expected.utterance_variance)
+    assert row.versus["difference"] == pytest.approx(expected.difference)
+
+
+def test_a_resumed_run_is_of_the_machine_it_finished_on(tmp_path):
+    fake_run(tmp_path / "seed1", "MINI_A", "ligru", 1, [1] * 30, 30, 30)
+    log = tmp_path / "seed1" / "log.txt"
+    log.write_text(log.read_text() + "13:00:00 machine: 2026-11-27, Another CPU, 4 cores, 1 thread\n")
+    assert find_runs([str(tmp_path)])[0].machine == "Another CPU, 4 cores, 1 thread"
 
 
 def test_runs_on_clones_in_other_folders_are_seeds_of_one_system(tmp_path):
@@ -506,6 +636,19 @@ if Path(config).stem == "b" and seed == "2":
     assert any("[6/6]" in line and "to go" in line for line in logged)
     again = run_sweep(configs, [1, 2], tmp_path / "out", log=logged.append, python=str(fake), jobs=2)
     assert [o.status for o in again] == ["skipped"] * 4 + ["failed", "skipped"]
+    (tmp_path / "out" / "a" / "seed1" / ".done" / "decode").unlink()  # trained, not decoded: not finished
+    third = run_sweep(configs, [1], tmp_path / "out", log=logged.append, python=str(fake), jobs=2)
+    assert [o.status for o in third] == ["done", "skipped", "skipped"]
+
+
+def test_seeds_and_pairs_on_the_command_line():
+    assert compare.parse_seeds("1-3,7") == [1, 2, 3, 7] and compare.parse_seeds("5") == [5]
+    assert compare.parse_seeds("2-3,1-2") == [1, 2, 3]
+    with pytest.raises(compare.ConfigError, match="--seeds"):
+        compare.parse_seeds("1-x")
+    assert compare.parse_pairs("A:B, C:D") == [("A", "B"), ("C", "D")]
+    with pytest.raises(compare.ConfigError, match="--pairs"):
+        compare.parse_pairs("A:B,C")
 
 
 def test_one_config_run_with_and_without_an_override_gives_two_named_systems(tmp_path):
@@ -521,7 +664,15 @@ def test_one_config_run_with_and_without_an_override_gives_two_named_systems(tmp
     systems = group(find_runs([str(tmp_path / "*" / "seed*")]))
     assert [(s.name, s.seeds) for s in systems] == [("MINI_A", [1, 2]), ("MINI_A(opt_bias_correction=False)", [1, 2])]
     (pair,) = report.pairs(systems, [("MINI_A", "MINI_A(opt_bias_correction=False)")], "test", replications=300)
-    assert pair.against_error == 30 and pair.versus["probability_of_improvement"] > 0.99
+    # up to three options name a system; past three, a hash of what it shares
+    for variant, options in (("three", ("a = 1", "b = 2", "c = 3")), ("four", ("a = 1", "b = 2", "c = 3", "d = 4"))):
+        folder = tmp_path / variant / "seed1"
+        fake_run(folder, "MINI_A", "ligru", 1, [1] * 30, 20, 20)
+        resolved = folder / "config.resolved.cfg"
+        resolved.write_text(resolved.read_text().replace("unit = ligru\n", "unit = ligru\n" + "\n".join(options) + "\n"))
+    names = [s.name for s in group(find_runs([str(tmp_path / "*" / "seed*")]))]
+    assert "MINI_A(a=1, b=2, c=3)" in names and any(re.fullmatch(r"MINI_A#[0-9a-f]{6}", n) for n in names), names
+    assert pair.against_error == 30 and pair.versus["run_level"].probability_better > 0.99
     assert compare.parse_pairs("MINI_A:MINI_A(opt_bias_correction=False)") == [
         ("MINI_A", "MINI_A(opt_bias_correction=False)")]
 
@@ -574,6 +725,33 @@ def _alive(pid: int, wait: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def test_the_figures_draw_each_systems_seeds_interval_and_dev_curves(tmp_path, monkeypatch):
+    """What the figures show, read back from matplotlib's artists: each seed's error at its place, the
+    interval from its low to its high end (asymmetric: the bootstrap's percentiles), each run's dev curve."""
+    from bru_kaldi.comparison import figures
+
+    for seed in (1, 2):
+        fake_run(tmp_path / "A" / f"seed{seed}", "MINI_A", "ligru", seed, [2, 3] * 15, 30, 29 + seed)
+    fake_run(tmp_path / "B" / "seed1", "MINI_B", "libru", 1, [1] * 30, 20, 19)
+    systems = group(find_runs([str(tmp_path / "*")]))
+    rows = [report.Row("MINI_A", "ligru", 10, 2, 61, 2000, {"test": [30.0, 31.0]}, {"test": (30.5, 28.0, 34.0)}, {}),
+            report.Row("MINI_B", "libru", 10, 2, 61, 2000, {"test": [20.0]}, {"test": (20.0, 19.0, 22.5)}, {})]
+    drawn = {}
+    monkeypatch.setattr(figures, "_save", lambda figure, folder, stem: drawn.setdefault(stem, figure) and [])
+    figures.plot(systems, rows, "test", tmp_path / "plots")
+    errors = drawn["errors"].axes[0]
+    seeds = [line for line in errors.lines if line.get_marker() == "o"]
+    assert [list(line.get_xdata()) for line in seeds] == [[30.0, 31.0], [20.0]]
+    assert [list(line.get_ydata()) for line in seeds] == [[0, 0], [1]]
+    bars = [c.lines[2][0].get_segments()[0] for c in errors.containers]  # each errorbar's horizontal segment
+    assert [(seg[0][0], seg[1][0], seg[0][1]) for seg in bars] == [(28.0, 34.0, 0), (19.0, 22.5, 1)]
+    curves = drawn["dev_curves"].axes[0].lines
+    assert [list(line.get_ydata()) for line in curves] == [[pytest.approx(61.0), pytest.approx(55.0)]] * 3  # percent
+    by_size, by_time = drawn["error_vs_cost"].axes
+    assert [c.lines[2][0].get_segments()[0][0][0] for c in by_size.containers] == [1e-5, 1e-5]  # parameters / 1e6
+    assert [c.lines[2][0].get_segments()[0][0][0] for c in by_time.containers] == [61 / 60, 61 / 60]
 
 
 def test_a_mean_over_seeds_of_epochs_reads_as_a_number_of_epochs():

@@ -1,11 +1,12 @@
-"""The comparison table: one row per system, its seeds' errors, their mean and spread, a 95 % interval,
-and the tests against a baseline system (the run-level test, then the utterance-only ones), as text,
-Markdown or CSV; and the table of named pairs, whose verdicts come from the run-level test alone.
+"""The comparison table: one row per system, its seeds' errors, their mean and spread, a 95 % bootstrap
+interval, and the tests against a baseline system (the run-level test and its P(better), then the
+utterance-only ones), as text, Markdown or CSV; and the table of named pairs, whose verdicts come from the
+run-level test alone.
 
 >>> row = Row("MINI_liBRU", "libru 2x256 uni", 540000, 8.0, 170.0, 17000.0, {"test": [30.1, 31.7]},
 ...           {"test": (30.9, 29.2, 32.6)}, {})
 >>> print(markdown([row], "test"))  # doctest: +NORMALIZE_WHITESPACE
-| system | units | parameters | epochs | training | frames/s | test per seed | test mean ± sd | test 95 % interval | P(better than baseline) | run-level p | utterance-only p (matched pairs) | utterance-only p (sign test) |
+| system | units | parameters | epochs | training | frames/s | test per seed | test mean ± sd | test 95 % interval (bootstrap) | run-level P(better than baseline) | run-level p | utterance-only p (matched pairs) | utterance-only p (sign test) |
 | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |
 | MINI_liBRU | libru 2x256 uni | 0.54M | 8 | 2.8 min | 17000 | 30.10 / 31.70 | 30.90 ± 1.13 | 29.20-32.60 |  |  |  |  |
 """
@@ -34,7 +35,7 @@ class Row:
     frames_per_second: Optional[float]
     errors: dict[str, list[float]]  # set -> error rate (percent) per seed
     intervals: dict[str, tuple[float, float, float]]  # set -> (rate, low, high), percent
-    versus: dict  # probability_of_improvement, run_level (a RunLevelTest or None), matched_pairs_p, sign_p
+    versus: dict  # difference (a fraction), run_level (a RunLevelTest or None), matched_pairs_p, sign_p
     failed: int = 0  # runs of this system without a result (failed, or still running)
 
 
@@ -78,8 +79,8 @@ def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str]
                 mi = [utts.index(u) for u in common]
                 lengths = base_n[bi]
                 versus = {
-                    "probability_of_improvement": statistics.probability_of_improvement(base[:, bi], mine[:, mi], lengths,
-                                                                                        replications),
+                    "difference": (statistics.error_rate(mine[:, mi], lengths)
+                                   - statistics.error_rate(base[:, bi], lengths)),
                     "run_level": statistics.run_level(base[:, bi], mine[:, mi], lengths,
                                                     target=None if target is None else target / 100),
                     "matched_pairs_p": statistics.matched_pairs(base[:, bi], mine[:, mi]).p_value,
@@ -110,7 +111,8 @@ def _cells(row: Row, sets: Sequence[str], test_set: str) -> list[str]:
             iv = row.intervals.get(name)
             cells.append(f"{iv[1]:.2f}-{iv[2]:.2f}" if iv else "")
     v = row.versus
-    cells += [number(v.get("probability_of_improvement"), ".3f"), _run_level_p(v),
+    test = v.get("run_level")
+    cells += ["" if test is None else f"{test.probability_better:.3f}", _run_level_p(v),
               number(v.get("matched_pairs_p"), ".3g"), number(v.get("sign_p"), ".3g")]
     return cells
 
@@ -126,8 +128,9 @@ def _run_level_p(versus: dict) -> str:
 def headers(sets: Sequence[str], test_set: str) -> list[str]:
     names = ["system", "units", "parameters", "epochs", "training", "frames/s"]
     for name in sets:
-        names += [f"{name} per seed", f"{name} mean ± sd"] + ([f"{name} 95 % interval"] if name == test_set else [])
-    return names + ["P(better than baseline)", "run-level p", "utterance-only p (matched pairs)",
+        names += [f"{name} per seed", f"{name} mean ± sd"] + ([f"{name} 95 % interval (bootstrap)"] if name == test_set
+                                                              else [])
+    return names + ["run-level P(better than baseline)", "run-level p", "utterance-only p (matched pairs)",
                     "utterance-only p (sign test)"]
 
 
@@ -215,13 +218,15 @@ def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set
 
 
 PAIR_HEADERS = ("system", "against", "seeds", "{set} error", "against's", "difference", "95 % interval (runs)",
-                "relative (95 % interval)", "P(better)", "run-level p", "utterance-only p (matched pairs)", "utterance-only p (sign test)",
+                "relative (95 % interval)", "run-level P(better)", "run-level p", "utterance-only p (matched pairs)", "utterance-only p (sign test)",
                 "at 5 % (run level)", "resolvable at 80 % power", "seeds needed", "resolvable with unlimited seeds")
 
 
 def pairs_markdown(table: Sequence[Pair], test_set: str, target: Optional[float] = None) -> str:
-    """The pairs as a Markdown table: both means and their seeds, the difference with its run-level
-    interval, the tests (the run-level one first; the others see only utterances), the verdict at 5 %
+    """The pairs as a Markdown table: both means and their seeds, the difference (the run-level test's
+    own ``D``, from the per-utterance counts: it can differ by 0.01 from the difference of the two means,
+    which are rounded in ``res.res``) with its run-level interval, the tests (the run-level one and its
+    P(better) first; the others see only utterances), the verdict at 5 %
     from the run-level test, the difference the design resolves with 80 % power and the seeds per system
     that would resolve the observed one (``statistics.run_level``; "-" where no number of seeds would,
     on this test set), with ``target`` (points, the pairs made with it: :func:`pairs`) the seeds per
@@ -241,14 +246,14 @@ def pairs_markdown(table: Sequence[Pair], test_set: str, target: Optional[float]
                          f"{_or_dash(p.against_error)} | | no finished run of both yet |" + " |" * (len(headers) - 7))
             continue
         test = v["run_level"]
-        if test is None:  # no interval, p or power without the runs' variance: blank cells
-            runs = ["", f"{v['probability_of_improvement']:.3f}", "one seed"] + [""] * (len(headers) - 13)
+        if test is None:  # no interval, P(better), p or power without the runs' variance: blank cells
+            runs = ["", "", "one seed"] + [""] * (len(headers) - 13)
         else:
-            runs = [f"{100 * test.low:+.2f} to {100 * test.high:+.2f}", f"{v['probability_of_improvement']:.3f}",
+            runs = [f"{100 * test.low:+.2f} to {100 * test.high:+.2f}", f"{test.probability_better:.3f}",
                     f"{test.p_value:.3g}", f"{100 * test.resolvable:.2f}", _or_dash(test.seeds_needed, "d")]
             runs += [_or_dash(test.seeds_for_target, "d")] if target is not None else []
             runs += [f"{100 * test.floor:.2f}"]
-        difference = p.system_error - p.against_error
+        difference = 100 * v["difference"]  # the test's own D, not a difference of the rounded means
         relative = _relative(difference, p.against_error)
         if test is not None and p.against_error:  # the test's bounds are fractions, the errors points
             relative += f" ({_relative(100 * test.low, p.against_error)} to {_relative(100 * test.high, p.against_error)})"
@@ -286,15 +291,18 @@ class Claim:
     against: str
 
     def verdict(self, pair: "Pair", alpha: float = 0.05) -> str:
-        """``agrees`` or ``disagrees`` where the run-level test resolves the pair at ``alpha``, else its
-        ``not resolved ...`` reading (one seed, or too few seeds for the difference); empty before the
-        pair has finished runs of both systems."""
+        """``agrees`` or ``disagrees`` where the run-level test resolves the pair at ``alpha`` (followed by
+        ``(an approximate test below 3 seeds)`` where it is one), else its ``not resolved ...`` reading (one
+        seed, or too few seeds for the difference); empty before the pair has finished runs of both systems."""
         reading = pair.reading(alpha)
         agreeing, disagreeing = EXPECTATIONS[self.expects]
+        test = pair.versus.get("run_level") if pair.versus else None
+        approximate = test is not None and test.approximate
+        caveat = f" (an approximate test below {statistics.APPROXIMATE_BELOW} seeds)" if approximate else ""
         if reading.startswith(agreeing):
-            return "agrees"
+            return "agrees" + caveat
         if reading.startswith(disagreeing):
-            return "disagrees"
+            return "disagrees" + caveat
         return reading
 
 
@@ -329,12 +337,12 @@ def claims_markdown(claims: Sequence[Claim], table: Sequence[Pair]) -> str:
         if not pair.versus:
             measured, p_value = "", ""
         elif test is None:
-            measured, p_value = f"{pair.system_error - pair.against_error:+.2f}", "one seed"
+            measured, p_value = f"{100 * pair.versus['difference']:+.2f}", "one seed"
         else:
-            measured = f"{pair.system_error - pair.against_error:+.2f} ({100 * test.low:+.2f} to {100 * test.high:+.2f})"
+            measured = f"{100 * test.difference:+.2f} ({100 * test.low:+.2f} to {100 * test.high:+.2f})"
             p_value = f"{test.p_value:.3g}"
-        verdict = claim.verdict(pair)
-        verdict = f"**{verdict}**" if verdict in ("agrees", "disagrees") else verdict
+        word, _, rest = claim.verdict(pair).partition(" ")
+        verdict = f"**{word}** {rest}".rstrip() if word in ("agrees", "disagrees") else f"{word} {rest}".rstrip()
         lines.append(f"| {claim.text} | {claim.paper} | `{claim.system} : {claim.against}` | {measured} | {p_value} | "
                      f"{verdict} |")
     return "\n".join(lines)

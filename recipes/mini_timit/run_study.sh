@@ -14,14 +14,15 @@
 #   recipes/mini_timit/run_study.sh --stage 3 --more-seeds 6-10   # more phone seeds, then the tables
 #
 # The seeds: five a config, the least a run-level verdict should rest on, and what the budget (about
-# 15 h on 2 cores) affords. Resolving a 1.5-point difference of PER with 80 % power would take 7-43
-# seeds a config (the pairs table's column "seeds for 1.5 points", from the five seeds' variances): 7-8
-# for the LBRU pairs, 12-19 for the Li-BRU and Li-GRU+UBRU pairs, 29-43 for the UBRU pairs (the seeds
-# of the UBRU's recursions spread by more than 2 points). Two more seeds a config is all the budget left, and would resolve 1.5 points
-# for no pair the five leave unresolved, so the study stops at five; --more-seeds runs stage 3 for
-# whoever has the time (a GPU machine: 7.4 min per seed of all thirteen on an H200). On the word task,
-# 1.5 points of WER would take 16 seeds (Li-BRU : Li-GRU) and 124 (LSTM : Li-GRU, whose test set's
-# floor, 1.45 points, is close to it).
+# 15 h on 2 cores) affords. Resolving a 1.5-point difference of PER with 80 % power would take 6-35
+# seeds a config (the pairs table's column "seeds for 1.5 points", from the five seeds' variance
+# components): 6-7 for the LBRU pairs, 11-17 for the Li-BRU and Li-GRU+UBRU pairs, 26-35 for the UBRU
+# pairs (the seeds of the UBRU's recursions spread by more than 2 points). Two more seeds a config is
+# all the budget left, and would resolve 1.5 points for no phone pair the five leave unresolved, so the
+# study stops at five; --more-seeds runs stage 3 for whoever has the time (a GPU machine: 7.4 min per
+# seed of all thirteen on an H200). On the word task, 1.5 points of WER would take 7 seeds (Li-BRU :
+# Li-GRU, --word-seeds 1-7) and 15 (LSTM : Li-GRU). RESULTS.md, "Why five seeds", says which few more
+# seeds would resolve what, and what they cost.
 #
 # The schedule (the budget): at most 24 epochs, as the papers' TIMIT recipes; the rate halves after an
 # epoch that does not improve the dev frame error by 0.1 % (relative), as in the papers; a run stops
@@ -38,10 +39,8 @@
 #              committed); compare.py table of that, with the claims, into RESULTS.md's generated
 #              sections study-layout2-phones and -words, the claims' table alone into README.md's
 #              claims-phones and -words; figures into results/study_layout2_*
-# A study can take several sittings on several clones: stages 1-2 first copy into <out> the archived
-# runs it lacks (stage 3 too), so that the sweeps skip them. (The first study, three seeds on the corpus's first
-# layout, is archived in results/study_runs/{phones,words,phones_plain}; RESULTS.md prints the command
-# that makes each of its tables.)
+# A study can be run in parts, on several clones and machines: stages 1-2 first copy into <out> the
+# archived runs it lacks (stage 3 too), so that the sweeps skip them.
 
 # Begin configuration section.
 stage=1

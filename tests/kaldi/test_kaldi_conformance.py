@@ -199,7 +199,8 @@ def test_scoring_equals_compute_wer(tmp_path):
 
 
 def test_bootstrap_has_the_definition_of_compute_wer_bootci(tmp_path):
-    """Same interval and probability of improvement, within the noise of two different random draws."""
+    """Same interval, within the noise of two different random draws. (Kaldi's "probability of Set2 improving
+    Set1" is not ours: P(better) comes from the run-level test, bru_kaldi/comparison/statistics.py.)"""
     rng = np.random.default_rng(2)
     vocabulary = [f"w{i}" for i in range(20)]
     refs = {f"u{i:03d}": list(rng.choice(vocabulary, rng.integers(3, 20))) for i in range(150)}
@@ -212,20 +213,16 @@ def test_bootstrap_has_the_definition_of_compute_wer_bootci(tmp_path):
         scoring.write_text(table, tmp_path / name)
     out = kaldi(f"compute-wer-bootci --replications=10000 ark:{tmp_path / 'ref'} ark:{tmp_path / 'hyp1'} "
                 f"ark:{tmp_path / 'hyp2'}")
-    # "Set1: %WER 17.47 95% Conf Interval [ 12.10, 22.84 ]" (the bootstrap mean +- 1.96 standard deviations),
-    # "Probability of Set2 improving Set1: 91.30" (percent)
+    # "Set1: %WER 17.47 95% Conf Interval [ 12.10, 22.84 ]" (the bootstrap mean +- 1.96 standard deviations)
     kaldi_mean, low, high = map(float, re.search(r"Set1: %WER ([\d.]+) 95% Conf Interval \[ ([-\d.]+), ([-\d.]+) \]",
                                                  out).groups())
     kaldi_half = (high - low) / 2
-    kaldi_poi = float(re.search(r"Probability of Set2 improving Set1: ([\d.]+)", out).group(1)) / 100
-    s1, s2 = scoring.score(refs, hyp1, "plain"), scoring.score(refs, hyp2, "plain")
+    s1 = scoring.score(refs, hyp1, "plain")
     utts = sorted(refs)
     lengths = np.array([s1.per_utterance[u].ref_len for u in utts])
     e1 = np.array([[s1.per_utterance[u].errors for u in utts]])
-    e2 = np.array([[s2.per_utterance[u].errors for u in utts]])
     iv = statistics.interval(e1, lengths)
     assert abs(100 * iv.mean - kaldi_mean) < 0.3 and abs(100 * iv.half_width - kaldi_half) < 0.3
-    assert abs(statistics.probability_of_improvement(e1, e2, lengths) - kaldi_poi) < 0.05
 
 
 # --------------------------------------------------------------------------- decoding
