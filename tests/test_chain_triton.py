@@ -125,6 +125,38 @@ def test_cuda_the_compiled_kernel_gives_what_the_cpp_op_gives_at_a_training_size
         torch.testing.assert_close(posteriors.cpu(), expected_posteriors, rtol=0, atol=tolerance)
 
 
+def test_auto_mode_falls_back_to_the_host_once_with_a_warning(monkeypatch):
+    """In ``auto`` mode a batch too large for the int32 offsets goes to the host (warned once, the kernel
+    kept for other batches), and a kernel that fails warns once and is not asked again for that device and
+    dtype; ``1`` raises instead."""
+    import warnings
+
+    monkeypatch.setenv("BRU_KALDI_TRITON", "auto")
+    monkeypatch.setattr(triton_fb.triton_loops, "wanted", lambda example: True)  # as for a GPU's outputs
+    monkeypatch.setattr(triton_fb.triton_loops, "_warned", set())
+    graph, x = random_graph(1, 3, 2), torch.zeros(2, 3, 2, dtype=torch.float64)
+    with monkeypatch.context() as m:
+        m.setattr(triton_fb.triton_loops, "INDEX_LIMIT", 50)
+        with pytest.warns(UserWarning, match="too large for the LF-MMI kernel's int32 offsets"):
+            assert triton_fb.forward_backward(x, torch.tensor([3, 2]), graph.expand(2), 0.1) is None
+    assert not triton_fb._broken and triton_fb.forward_backward(x, torch.tensor([3, 2]), graph.expand(2), 0.1)
+
+    class Broken:
+        def __getitem__(self, grid):
+            raise RuntimeError("no such instruction")
+
+    monkeypatch.setattr(triton_fb, "_kernel", lambda interpret: Broken())
+    with pytest.warns(UserWarning, match="LF-MMI Triton kernel could not run on cpu.*no such instruction"):
+        assert triton_fb.forward_backward(x, torch.tensor([3, 2]), graph.expand(2), 0.1) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        assert triton_fb.forward_backward(x, torch.tensor([3, 2]), graph.expand(2), 0.1) is None
+    monkeypatch.setenv("BRU_KALDI_TRITON", "1")
+    monkeypatch.setattr(triton_fb, "_broken", {})
+    with pytest.raises(RuntimeError, match="BRU_KALDI_TRITON=1 but the LF-MMI Triton kernel could not run"):
+        triton_fb.forward_backward(x, torch.tensor([3, 2]), graph.expand(2), 0.1)
+
+
 def test_objective_sends_only_cuda_outputs_to_the_kernel(monkeypatch):
     """The C++ op stays the CPU's path: objective.forward_backward asks the kernel for CUDA outputs only."""
     monkeypatch.setattr(triton_fb, "forward_backward", lambda *args: pytest.fail("the kernel was asked"))

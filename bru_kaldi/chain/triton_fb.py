@@ -55,7 +55,6 @@ except ImportError:  # pragma: no cover - Triton is in requirements.txt; without
 
 _kernels: dict = {}  # interpret (bool) -> the kernel
 _broken: dict = {}  # (device type, dtype) -> the error that stopped the kernel there
-_warned: set = set()  # refusals warned about
 
 if tl is not None:
 
@@ -248,26 +247,24 @@ def forward_backward(nnet_output: torch.Tensor, lengths: torch.Tensor, graphs: G
     checked there: ``nnet_output`` ``(B, T, P)``, ``lengths`` ``(B,)`` int64 on its device, ``graphs`` ``B``
     graphs, ``leaky_coefficient >= 0``."""
     interpret = triton_loops.wanted(nnet_output)
-    key = (nnet_output.device.type, nnet_output.dtype)
-    if interpret is None or key in _broken:
+    if interpret is None or (nnet_output.device.type, nnet_output.dtype) in _broken:
         return None
-    try:
-        return _run(_kernel(interpret), nnet_output.detach(), lengths, graphs, leaky_coefficient, interpret)
-    except triton_loops.Refused as error:
-        if triton_loops.mode() != "auto":
-            raise
-        if error.reason not in _warned:
-            _warned.add(error.reason)
-            warnings.warn(f"{error}: that batch's LF-MMI forward-backward runs on the host (warned once)")
-        return None
-    except Exception as error:
-        if triton_loops.mode() != "auto":
-            raise RuntimeError(f"BRU_KALDI_TRITON={triton_loops.mode()} but the LF-MMI Triton kernel could not run "
-                               f"on {key[0]} {key[1]}: {error!r}") from error
-        _broken[key] = error
-        warnings.warn(f"the LF-MMI Triton kernel could not run on {key[0]} {key[1]}, so the forward-backward there "
-                      f"runs on the host (slower, same results): {error!r}. Set BRU_KALDI_TRITON=0 to silence this.")
-        return None
+    result = []
+    launch = lambda: result.append(_run(_kernel(interpret), nnet_output.detach(), lengths, graphs,  # noqa: E731
+                                        leaky_coefficient, interpret))
+    return result[0] if triton_loops.attempt(nnet_output, launch, give_up=_give_up) else None
+
+
+def _give_up(example: torch.Tensor, error: Exception) -> None:
+    """The kernel failed on ``example``'s device and dtype: raise outside ``auto`` mode, else warn once and
+    leave that device and dtype to the host's C++ op."""
+    device, dtype = example.device.type, example.dtype
+    if triton_loops.mode() != "auto":
+        raise RuntimeError(f"BRU_KALDI_TRITON={triton_loops.mode()} but the LF-MMI Triton kernel could not run on "
+                           f"{device} {dtype}: {error!r}") from error
+    _broken[device, dtype] = error
+    warnings.warn(f"the LF-MMI Triton kernel could not run on {device} {dtype}, so the forward-backward there runs "
+                  f"on the host (slower, same results): {error!r}. Set BRU_KALDI_TRITON=0 to silence this.")
 
 
 def _run(kernel, x: torch.Tensor, lengths: torch.Tensor, graphs: GraphBatch, leaky: float, interpret: bool):

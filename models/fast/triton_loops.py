@@ -183,9 +183,10 @@ def _give_up(example: torch.Tensor, error: Exception) -> None:
                   f"Set BRU_KALDI_TRITON=0 to silence this.")
 
 
-def attempt(example: torch.Tensor, launch) -> bool:
-    """Run ``launch()``; ``False`` where it failed (a refusal warned once, any other error through
-    :func:`_give_up`), so that the caller runs its TorchScript loop."""
+def attempt(example: torch.Tensor, launch, give_up=None) -> bool:
+    """Run ``launch()``; ``False`` where it failed, so that the caller runs its loop: a refusal is warned about
+    once per reason (raised outside ``auto`` mode), any other error goes to ``give_up(example, error)``
+    (:func:`_give_up` by default: the recurrences' kernels are given up for that device and dtype)."""
     try:
         launch()
         return True
@@ -194,10 +195,10 @@ def attempt(example: torch.Tensor, launch) -> bool:
             raise
         if error.reason not in _warned:
             _warned.add(error.reason)
-            warnings.warn(f"{error}: that pass runs as its TorchScript loop (slower, same results; warned once)")
+            warnings.warn(f"{error}: that pass runs without the Triton kernel (slower, same results; warned once)")
         return False
     except Exception as error:
-        _give_up(example, error)
+        (give_up or _give_up)(example, error)
         return False
 
 
