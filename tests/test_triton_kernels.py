@@ -94,8 +94,9 @@ def test_every_fast_path_runs_the_kernels(unit, options, interpreted):
 
 
 def test_auto_mode_falls_back_once_with_a_warning(monkeypatch):
-    """Where a kernel cannot be built, ``auto`` warns once and runs the TorchScript loops from then on for that
-    device and dtype (the same results); ``interpret`` and ``1`` raise instead."""
+    """Where a kernel fails after its self-test, ``auto`` warns once and runs the TorchScript loops from then on
+    for that device and dtype (the same results); ``interpret`` and ``1`` raise instead. (A kernel that fails
+    its self-test: test_a_kernel_that_fails_its_self_test_is_not_used.)"""
     layer = make_layer("libru", {}, bidirectional=True)
     x = torch.randn(2, 5, 3)
     expected = set_implementation(layer, "reference")(x, [5, 3])
@@ -114,6 +115,7 @@ def test_auto_mode_falls_back_once_with_a_warning(monkeypatch):
     monkeypatch.setattr(triton_loops, "_broken", {})
     monkeypatch.setattr(triton_loops, "_load", lambda interpret: Broken)
     monkeypatch.setattr(triton_loops, "_wanted", lambda example: True)  # as a GPU tensor would be
+    monkeypatch.setattr(triton_loops, "_trusted", lambda family, example: True)  # (its self-test passed)
     monkeypatch.setenv("BRU_KALDI_NATIVE", "0")
     monkeypatch.setenv("BRU_KALDI_TRITON", "interpret")
     with pytest.raises(RuntimeError, match="could not run on cpu torch.float32.*no such instruction"):

@@ -356,22 +356,22 @@ def _launch(kernel, steps: int, B: int, H: int, device, interpret: bool, args: t
     def call_args(first, t_begin, t_end):
         return (*args, counters[first:], steps, B, H, first * block_b, t_begin, t_end)
 
-    if interpret:
-        block_h = max(_next_power_of_2(H), 2) if BLOCK_H is None or whole else BLOCK_H
-        per_launch, occupancy = row_blocks, None
-    else:
-        block_h, per_launch, occupancy = _grid(kernel, lambda bh: (call_args(0, 0, steps), meta(bh, True)), H,
-                                               row_blocks, device)
-    unit_blocks = -(-H // block_h)
-    if 2 * unit_blocks * max(steps, 1) >= 1 << 30:  # the barrier's targets must stay below its GAVE_UP flag
-        raise Refused("arrivals", f"{name}: {steps} frames of {unit_blocks} programs are too many arrivals for "
-                                  f"its barrier")
-    widest = max((t.size(-1) for t in args if isinstance(t, torch.Tensor) and t.dim()), default=1)
-    _check_offsets(args, max(block_b, block_k) * widest + max(block_h, block_k), name)
-    stepwise = _stepwise(interpret, unit_blocks)
-    values = meta(block_h, not stepwise)
-    VARIANTS[name, tuple(sorted(constants.items()))] += 1
-    with _on_device(device):
+    with _on_device(device):  # (the kernel compiled, loaded and launched for the tensors' device)
+        if interpret:
+            block_h = max(_next_power_of_2(H), 2) if BLOCK_H is None or whole else BLOCK_H
+            per_launch, occupancy = row_blocks, None
+        else:
+            block_h, per_launch, occupancy = _grid(kernel, lambda bh: (call_args(0, 0, steps), meta(bh, True)), H,
+                                                   row_blocks, device)
+        unit_blocks = -(-H // block_h)
+        if 2 * unit_blocks * max(steps, 1) >= 1 << 30:  # the barrier's targets must stay below its GAVE_UP flag
+            raise Refused("arrivals", f"{name}: {steps} frames of {unit_blocks} programs are too many arrivals for "
+                                      f"its barrier")
+        widest = max((t.size(-1) for t in args if isinstance(t, torch.Tensor) and t.dim()), default=1)
+        _check_offsets(args, max(block_b, block_k) * widest + max(block_h, block_k), name)
+        stepwise = _stepwise(interpret, unit_blocks)
+        values = meta(block_h, not stepwise)
+        VARIANTS[name, tuple(sorted(constants.items()))] += 1
         for first in range(0, row_blocks, per_launch):
             grid = (unit_blocks, min(per_launch, row_blocks - first))
             if occupancy is not None:
