@@ -8,10 +8,11 @@ For each unit, a bidirectional layer of ``--hidden`` units (float32, no dropout)
 forward and backward passes in training on one random batch of ``--batch`` sequences of ``--frames``
 frames, with ``BRU_KALDI_TRITON=1``: a kernel that cannot run, a pass refused, a barrier that gave up,
 all raise instead of falling back. Every pass's output and input gradient must be finite, and every
-pass must give the first pass's output and gradient to 1e-5 of their largest values (the kernels are deterministic, cuBLAS's
-products around them nearly so: a race, or a barrier that let a program through early, would show). Prints the milliseconds a pass per unit and, at
-the end, ``stress: ... passed`` (exit code 0) or what failed (exit code 1). ``bench/cuda_check.sh`` runs
-it alone and as two processes on one GPU at once (each process's grids beside the other's).
+pass must give the first pass's output and gradient to 1e-5 of their largest values (the kernels are
+deterministic, cuBLAS's products around them nearly so: a race, or a barrier that let a program through
+early, would show). Prints the milliseconds a pass per unit and, at the end, ``stress: ... passed`` (exit
+code 0) or what failed (exit code 1). ``bench/cuda_check.sh`` runs it alone and as two processes on one
+GPU at once (each process's grids beside the other's).
 
 ``--smoke``: on the CPU through Triton's interpreter at tiny sizes (numbers meaningless): what the tests
 run, so that the script cannot rot where no GPU is.

@@ -166,6 +166,7 @@ def main(argv=None) -> int:
     print(f"{'kernel':<24} {'dtype':<8} {'constants':<44} {'regs':>4} {'spill':>5} {'smem KB':>7} {'per SM':>6} "
           f"{'coop':>4}")
     variants, summaries = fast_variants(), []
+    units = {number: unit for unit, number in triton_loops.KINDS.items()}
     for name in args.dtypes:
         dtype = getattr(torch, name)
         with compile_only() as compiled:
@@ -179,9 +180,10 @@ def main(argv=None) -> int:
         every = [v for found in compiled.values() for v in found]
         barrier = [v for v in every if v.cooperative]
         worst = max(every, key=lambda v: v.spilled)
+        where = f"{next(k for k, f in compiled.items() if worst in f)} {units.get(worst.constants.get('KIND'), '')}"
         summaries.append(f"{name}: {len(every)} variants, {min(v.registers for v in every)}-"
                          f"{max(v.registers for v in every)} registers a thread, at most {worst.spilled} bytes spilled "
-                         f"({next(k for k, f in compiled.items() if worst in f)} {worst.constants.get('KIND', '')}), "
+                         f"({where.strip()}), "
                          f"shared memory up to {max(v.shared for v in every) // 1024} KB; the {len(barrier)} with a "
                          f"barrier: {min(v.per_multiprocessor for v in barrier)}-"
                          f"{max(v.per_multiprocessor for v in barrier)} programs per multiprocessor, all cooperative")

@@ -325,8 +325,6 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="on the CPU through Triton's interpreter, T=3 B=2 H=5 (numbers meaningless)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
-                        stream=sys.stdout)
     global SHAPE
     if args.smoke:
         os.environ["BRU_KALDI_TRITON"] = "interpret"  # CPU tensors through the interpreter
@@ -344,4 +342,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     sys.exit(main())

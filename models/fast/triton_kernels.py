@@ -96,8 +96,9 @@ def _sync(counter, target, SYNC: tl.constexpr):
     threads' stores precede its release; the acquiring read orders the program's later loads after the
     others' released stores, and the block barrier after it extends that to all of its threads. (The
     loads of the state ask for ``.cg``, past the L1 cache, which is not coherent between multiprocessors;
-    the compiler may drop that hint, and does for H = 550: the acquire and the barrier are what make the
-    loads right.) After ``SPINS`` polls it gives up: ``GAVE_UP`` OR-ed into the counter (idempotent, so
+    that is a hint: for H = 550 the compiler copies the state to shared memory 4 bytes at a time, for which
+    ``cp.async`` has no ``.cg``, and the copies cache in L1 (``.ca``, read in the PTX). The acquire and the
+    barrier are what make the loads right.) After ``SPINS`` polls it gives up: ``GAVE_UP`` OR-ed into the counter (idempotent, so
     that several programs giving up at once cannot overflow it) lets every program through."""
     if SYNC:
         tl.debug_barrier()
@@ -577,7 +578,7 @@ def kalman_smoother_backward(grad, x, k, last, gamma, grad_x, grad_k, N, T, H, B
     tl.store(grad_k + N + n, sum1, mask=ok)
 
 
-# The value the HMM pass's r takes after a sequence's end (models.fast.paths._NO_FUTURE): softplus(r + j) is 0.
+# The value the HMM pass's r takes after a sequence's end (models.fast.scans._NO_FUTURE): softplus(r + j) is 0.
 NO_FUTURE = tl.constexpr(-1e30)
 
 
