@@ -84,8 +84,8 @@ _modules: dict = {}  # interpret (bool) -> the kernels module
 _broken: dict = {}  # (device type, dtype) -> the error that stopped its kernels
 _verdicts: dict = {}  # (device, dtype, family) -> whether the family's kernels passed their self-test
 _warned: set = set()  # the reasons of refusals already warned about
-# Per thread: ``testing`` the family whose self-test runs in this thread (its kernels are trusted, and any
-# error of theirs raises), ``off`` the kernels switched off (the self-test's reference).
+# Per thread: ``testing``, the family whose self-test runs in this thread (its kernels are trusted, and
+# any error of theirs raises).
 _local = threading.local()
 
 
@@ -110,21 +110,16 @@ def mode() -> str:
     return value
 
 
-def load_kernels(path: str, interpret: bool, name: str):
-    """The Triton source file ``path`` executed with the decorator for compiled or interpreted kernels
-    (``INTERPRET`` set in its globals before it runs): two copies of one source, so that a process can run
-    both (the GPU tests do)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    module.INTERPRET = interpret
-    spec.loader.exec_module(module)
-    return module
-
-
 def _load(interpret: bool):
+    """``triton_kernels.py`` executed with the decorator for compiled or interpreted kernels. Two
+    copies of one source, so that a process can run both (the GPU tests do)."""
     if interpret not in _modules:
         name = "models.fast._triton_kernels_" + ("interpreted" if interpret else "compiled")
-        _modules[interpret] = load_kernels(KERNELS, interpret, name)
+        spec = importlib.util.spec_from_file_location(name, KERNELS)
+        module = importlib.util.module_from_spec(spec)
+        module.INTERPRET = interpret
+        spec.loader.exec_module(module)
+        _modules[interpret] = module
     return _modules[interpret]
 
 
@@ -145,8 +140,6 @@ def route(example: torch.Tensor, family: Optional[str] = None):
     """The kernels module for tensors like ``example``, or ``None`` (the caller runs its TorchScript loop);
     with ``family`` (a kernel and its variant, see :mod:`models.fast.self_test`) only once that has passed
     its self-test, in ``auto`` mode."""
-    if getattr(_local, "off", False):
-        return None
     interpret = _wanted(example)
     if interpret is None or (example.device.type, example.dtype) in _broken:
         return None
