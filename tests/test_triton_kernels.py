@@ -183,6 +183,9 @@ def auto_on_the_cpu(monkeypatch):
     monkeypatch.setattr(triton_loops, "_verdicts", {})
     monkeypatch.setattr(triton_loops, "_warned", set())
     monkeypatch.setattr(self_test, "SHAPE", (3, 2, 5))
+    # (the verdicts are logged: not into a handler that a test of run_exp left on the root logger, whose
+    # log.txt may be gone)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
     return triton_loops._load(True)
 
 
@@ -280,6 +283,7 @@ def test_a_self_test_past_its_deadline_is_not_used(auto_on_the_cpu, monkeypatch)
 
 def test_the_self_test_command_runs_in_its_smoke_mode(capsys, monkeypatch):
     monkeypatch.setattr(self_test, "SHAPE", self_test.SHAPE)  # (main sets it)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # (as in auto_on_the_cpu)
     monkeypatch.setenv("BRU_KALDI_TRITON", "interpret")
     assert self_test.main(["--smoke", "--families", "lbru_forward", "scans"]) == 0
     assert "self-test: 2 passed, 0 failed" in capsys.readouterr().out
