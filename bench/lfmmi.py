@@ -12,9 +12,10 @@ LM order asked for). Prints medians in ms and the objective's share of the whole
 paths in the same run, their repeats interleaved with the network's (the machine's load then weighs on
 all alike): the loop of torch ops (``BRU_KALDI_NATIVE=0``) and the C++ op that CPU training uses
 (``bru_kaldi.chain.native``; the target is judged on it, or on the torch loop where it cannot be built).
-``--device cuda``: the network on the GPU, the objective's torch loop on the GPU and its C++ op on the host
-(the outputs copied there and the posteriors back, as training does; each timing ends with
-``torch.cuda.synchronize``). ``--smoke``: the tiny corpus, 1 repeat.
+``--device cuda``: the network on the GPU, the objective's torch loop on the GPU, its C++ op on the host
+(the outputs copied there and the posteriors back) and its Triton kernel on the GPU
+(``bru_kaldi.chain.triton_fb``, what GPU training runs: the target is judged on it); each timing ends with
+``torch.cuda.synchronize``. ``--smoke``: the tiny corpus, 1 repeat.
 """
 
 from __future__ import annotations
@@ -57,18 +58,19 @@ def timed(functions: dict, repeats: int, device: torch.device) -> dict:
     return {name: statistics.median(values[1:]) * 1000 for name, values in times.items()}
 
 
-def with_native(mode: str, function):
-    """``function`` run under ``BRU_KALDI_NATIVE=mode`` (the variable put back after)."""
+def with_environment(settings: dict, function):
+    """``function`` run with the environment variables ``settings`` (put back after)."""
     def run():
-        before = os.environ.get("BRU_KALDI_NATIVE")
-        os.environ["BRU_KALDI_NATIVE"] = mode
+        before = {name: os.environ.get(name) for name in settings}
+        os.environ.update(settings)
         try:
             function()
         finally:
-            if before is None:
-                del os.environ["BRU_KALDI_NATIVE"]
-            else:
-                os.environ["BRU_KALDI_NATIVE"] = before
+            for name, value in before.items():
+                if value is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = value
     return run
 
 
@@ -125,7 +127,12 @@ def main(argv=None) -> int:
     xent = out["xent"].detach().requires_grad_()
     has_native = native.native_ops(output.new_empty(0, device="cpu")) is not None  # (builds it on first use)
     cpp = "C++" if device.type == "cpu" else "C++ on the host"  # GPU outputs copied there and back
-    paths = {"torch loop": "0", cpp: "1"} if has_native else {"torch loop": "0"}
+    # path -> its switches; the last is what training runs (the target is judged on it)
+    paths = {"torch loop": {"BRU_KALDI_TRITON": "0", "BRU_KALDI_NATIVE": "0"}}
+    if has_native:
+        paths[cpp] = {"BRU_KALDI_TRITON": "0", "BRU_KALDI_NATIVE": "1"}
+    if device.type == "cuda":  # the Triton kernel on the GPU (bru_kaldi.chain.triton_fb): it runs or raises
+        paths["Triton kernel"] = {"BRU_KALDI_TRITON": "1"}
     lab_folder = next(s.lab_folder for s in spec.lab if s.lab_name == senone)
     functions, graphs = {"network": network}, {}
     for order in args.orders or [config.model.lfmmi_phone_lm_order]:
@@ -136,13 +143,13 @@ def main(argv=None) -> int:
         def objective(chain=chain):  # (its numerators are made each step, as in training)
             chain.loss(output, tids, xent).loss.backward()
 
-        for path, mode in paths.items():
-            functions[order, path] = with_native(mode, objective)
+        for path, settings in paths.items():
+            functions[order, path] = with_environment(settings, objective)
     ms = timed(functions, args.repeats, device)
     print(f"network forward + backward: {ms['network']:.1f} ms")
     if not has_native and device.type == "cpu":
         print("the C++ forward-backward could not be built here: the torch loop alone is timed")
-    judged = list(paths)[-1]  # what CPU training runs
+    judged = list(paths)[-1]  # what training runs
     for order, den in graphs.items():
         for path in paths:
             objective_ms = ms[order, path]
@@ -151,8 +158,8 @@ def main(argv=None) -> int:
                        if path == judged else "")
             print(f"LF-MMI objective, {order}-gram denominator ({den.num_states} states, {den.num_arcs} arcs), "
                   f"{path}: {objective_ms:.1f} ms, {100 * share:.0f} % of the step{verdict}")
-        if len(paths) > 1:
-            print(f"  the C++ op is {ms[order, 'torch loop'] / ms[order, cpp]:.1f} times as fast as the torch loop")
+        for path in list(paths)[1:]:
+            print(f"  the {path} is {ms[order, 'torch loop'] / ms[order, path]:.1f} times as fast as the torch loop")
     return 0
 
 

@@ -2,7 +2,7 @@
 as bench/decoding.py once did (it imported modules that had been removed). The numbers they print
 then mean nothing; what is checked is that each runs to the end and prints its result lines.
 (bench/training_step.py has its own tests, tests/test_step_bench.py; bench/cuda_check.sh needs a GPU
-and is checked here with shellcheck.)"""
+and is checked here with shellcheck and in its CPU mode.)"""
 
 import os
 import shutil
@@ -25,6 +25,7 @@ SMOKE = {  # script -> what its last lines must say
     "decoding.py": ["load average"],
     "lfmmi.py": ["network forward + backward:", "LF-MMI objective, 2-gram denominator"],
     "power_simulation.py": ["| `MINI_liBRU : MINI_liGRU` | 2 |", "| `MINIW_LSTM : MINIW_liGRU` | 5 |"],
+    "stress.py": ["stress: 2 of 2 units passed"],
 }
 
 
@@ -49,6 +50,18 @@ def test_the_seeds_bench_judges_a_run_of_the_tiny_config(tiny_corpus, tmp_path):
                             timeout=600)
     # one epoch of the tiny corpus does not beat chance: the bench says so, and exits 1
     assert result.returncode == 1 and "tiny_liBRU seed 1: NOT LEARNING" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_cuda_checks_run_their_steps_cpu_modes(tmp_path):
+    """SMOKE=1: the steps that have a CPU mode run it (the self-test, the two stress processes at once, the
+    pytest steps collecting their GPU tests), so that the script's own wiring is checked where no GPU is.
+    (The stress, the speed and the LF-MMI benches run in their smoke modes above.)"""
+    env = dict(os.environ, SMOKE="1", STEPS="1 3 4 6")
+    result = subprocess.run(["bash", str(BENCH / "cuda_check.sh"), str(tmp_path)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0 and "cuda_check: 0 step(s) failed" in result.stdout, result.stdout[-3000:]
+    assert {p.name for p in tmp_path.iterdir()} == {"self_test.log", "beside.log", "beside_lstm.log",
+                                                    "fast_paths.log", "chain.log"}
 
 
 def test_the_cuda_checks_are_shellcheck_clean():

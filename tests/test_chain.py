@@ -505,16 +505,21 @@ def test_chain_objective_per_utterance_and_float32():
     torch.testing.assert_close(objf.double(), objf64, rtol=0, atol=1e-5)
 
 
-# --- on a GPU: both paths (the C++ op on the host, the torch loop on the GPU) against the same references --
+# --- on a GPU: every path (the Triton kernel, the C++ op on the host, the torch loop on the GPU) against the
+# same references
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# path -> (BRU_KALDI_TRITON, BRU_KALDI_NATIVE)
+CUDA_PATHS = {"Triton kernel": ("1", "1"), "host C++": ("0", "1"), "torch loop on the GPU": ("0", "0")}
 
 
-@pytest.fixture(params=["1", "0"], ids=["host C++", "torch loop on the GPU"])
+@pytest.fixture(params=list(CUDA_PATHS))
 def cuda_path(request, monkeypatch):
-    """GPU outputs through the C++ op on the host (``BRU_KALDI_NATIVE=1``, built or the test fails) or through
-    the loop of torch ops on the GPU (``0``)."""
-    monkeypatch.setenv("BRU_KALDI_NATIVE", request.param)
+    """GPU outputs through the Triton kernel (``BRU_KALDI_TRITON=1``, bru_kaldi/chain/triton_fb.py), the C++ op
+    on the host (``BRU_KALDI_NATIVE=1``) or the loop of torch ops on the GPU; each must run or the test fails."""
+    triton_mode, native_mode = CUDA_PATHS[request.param]
+    monkeypatch.setenv("BRU_KALDI_TRITON", triton_mode)
+    monkeypatch.setenv("BRU_KALDI_NATIVE", native_mode)
     return request.param
 
 
@@ -571,7 +576,7 @@ def test_cuda_gives_what_the_cpu_gives(cuda_path, monkeypatch):
     den, nums, lengths, x, xent = loss_case()
     results = {}
     for device in ("cpu", "cuda"):
-        monkeypatch.setenv("BRU_KALDI_NATIVE", "1" if device == "cpu" else cuda_path)
+        monkeypatch.setenv("BRU_KALDI_NATIVE", "1" if device == "cpu" else CUDA_PATHS[cuda_path][1])
         xs = x.detach().to(device).requires_grad_(True)  # a leaf on each device
         result = lfmmi_loss(xs, torch.tensor(lengths, device=device), nums, den.to(device), leaky_coefficient=0.1,
                             xent_output=xent.to(device), output_l2=0.01)

@@ -144,9 +144,9 @@ class _CountingRecurrence:
     def __init__(self):
         self.calls = []
 
-    def apply(self, kind, proj, weight, bias, h0, mask=None):
+    def apply(self, kind, proj, weight, bias, h0, mask=None, grad_mode=True):
         self.calls.append((kind, None if mask is None else mask.detach().clone()))
-        return GatedRecurrence.apply(kind, proj, weight, bias, h0, mask)
+        return GatedRecurrence.apply(kind, proj, weight, bias, h0, mask, grad_mode)
 
 
 def _inner_layer(unit, options, p=0.3, norm="batch", hidden=6):

@@ -137,6 +137,23 @@ def test_float32_products_of_several_panels_and_an_odd_batch(unit, options, back
 
 
 @pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
+def test_inference_under_no_grad_equals_reference(unit, options, backend):
+    """Under ``torch.no_grad()`` the loops keep nothing for backward (their inference variants, which run
+    for decoding and validation: the parameters still require gradients there), bidirectional, ragged,
+    float64 and float32."""
+    device = device_of(backend)
+    for dtype in (torch.float64, torch.float32):
+        layer = make_layer(unit, options, input_size=3, hidden_size=5, bidirectional=True, dtype=dtype,
+                           seed=4).to(device)
+        x = torch.randn(4, 7, 3, dtype=dtype, generator=torch.Generator().manual_seed(4)).to(device)
+        lengths = torch.tensor([7, 3, 1, 6], device=device)
+        with torch.no_grad():
+            expected = set_implementation(layer, "reference")(x, lengths)
+            got = set_implementation(layer, "fast")(x, lengths)
+        _assert_close(got, expected, dtype, "output under no_grad")
+
+
+@pytest.mark.parametrize("unit, options", FAST_VARIANTS, ids=[variant_id(v) for v in FAST_VARIANTS])
 def test_fast_path_gradcheck_and_single_frame(unit, options, backend):
     """Finite differences through the hand-written backward passes, including T = 1 sequences."""
     device = device_of(backend)

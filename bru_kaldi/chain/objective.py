@@ -38,7 +38,9 @@ outputs, which are copied to the host and whose posteriors are copied back. Ever
 batched over utterances, in the outputs' dtype, on the outputs' device (CPU or GPU): arcs are gathered and
 summed with ``gather`` / ``scatter_add_``, padding frames are replaced by zeros before anything. That loop
 spends most of its time launching small ops, on a GPU as on a CPU, hence the C++ one; the tests hold the
-two to each other and to a sum over every path, on a GPU too.
+two to each other and to a sum over every path, on a GPU too. On a GPU a Triton kernel
+(:mod:`bru_kaldi.chain.triton_fb`: one program a sequence, the states across its threads) runs first, for
+float32 and float64 outputs, and these two only where it does not (``BRU_KALDI_TRITON``).
 
 The objective (:func:`lfmmi_loss`, Kaldi's ``ComputeChainObjfAndDeriv`` and ``nnet3-chain-train``): per
 utterance ``log P_num - log P_den``, whose gradient with respect to ``x`` is ``gamma_num - gamma_den``;
@@ -60,7 +62,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from bru_kaldi.chain import native
+from bru_kaldi.chain import native, triton_fb
 from bru_kaldi.chain.graph import ChainGraph, GraphBatch
 
 Graphs = Union[GraphBatch, Sequence[ChainGraph]]
@@ -118,6 +120,10 @@ def forward_backward(nnet_output: torch.Tensor, lengths, graphs: GraphBatch,
         raise ValueError(f"{graphs.batch_size} graphs for a batch of {batch} utterances")
     if graphs.pdf.numel() and int(graphs.pdf.max()) >= pdfs:
         raise ValueError(f"the graphs use pdf {int(graphs.pdf.max())}, the outputs have {pdfs} pdfs")
+    if nnet_output.is_cuda:  # one Triton kernel on the GPU, where it runs (bru_kaldi.chain.triton_fb)
+        result = triton_fb.forward_backward(nnet_output, lengths, graphs, leaky_coefficient)
+        if result is not None:
+            return result
     ops = native.native_ops(nnet_output.detach().new_empty(0, device="cpu"))
     if ops is not None:
         # GPU outputs too: the C++ op on the host's cores, the outputs copied there and the posteriors back

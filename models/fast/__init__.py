@@ -14,7 +14,11 @@ backward passes that save only what backward needs.
 ``csrc/``           the C++ kernels: one fused pass a time step, threads splitting the units; a unit
                     of the gated family is its elementwise step there, found by name
 ``triton_loops``    the GPU backend: launches the Triton kernels of ``triton_kernels.py`` (one a
-                    pass, programs splitting the units, a barrier a step) in place of the loops
+                    pass, programs splitting the units, a barrier a step) in place of the loops,
+                    so that they cannot hang (cooperative launches, grids from occupancy, a barrier
+                    that gives up and a rerun on the loop)
+``self_test``       the kernels' self-test before ``auto`` mode trusts them on a device and dtype
+``budgets``         the kernels compiled for an H100/H200 without one: registers, spills, occupancy
 ==================  =========================================================================
 
 Three backends run the loops: the C++ kernels on the CPU, the Triton kernels on a GPU, and

@@ -36,8 +36,11 @@ from models.fast.loops import _script  # noqa: F401  (models.fast.scans takes it
 from models.fast.native import native_ops
 
 
-def _needs_grad(ctx) -> bool:
-    return any(ctx.needs_input_grad)
+def _needs_grad(ctx, grad_mode: bool) -> bool:
+    """Whether a backward pass can follow, so that what it needs must be kept: an input requires a gradient
+    and the caller records the graph. (``ctx.needs_input_grad`` stays true under ``torch.no_grad()``, and
+    inside ``forward`` the grad mode is always off: the caller passes its ``torch.is_grad_enabled()``.)"""
+    return grad_mode and any(ctx.needs_input_grad)
 
 
 def _weight_grad(kind, du, kept, out, h0):
@@ -65,13 +68,16 @@ class GatedRecurrence(torch.autograd.Function):
     candidate multiplied by ``mask`` at every step, for the units that have a candidate (``ligru``, ``gru``,
     ``lstm``, ``rnn_*``: ``loops.MASKED``); it gets no gradient.
 
+    ``grad_mode``: the caller's ``torch.is_grad_enabled()``; without it nothing is kept for backward (the
+    kernels' inference variants run).
+
     Shapes: ``proj`` ``(T, B, G*H)`` contiguous, ``weight`` ``(G*H, H)``, ``bias`` ``b_hh`` ``(G*H,)`` or ``None``,
     ``h0`` ``(B, H)`` -> ``(T, B, H)``.
     """
 
     @staticmethod
-    def forward(ctx, kind, proj, weight, bias, h0, mask=None):
-        train = _needs_grad(ctx)
+    def forward(ctx, kind, proj, weight, bias, h0, mask=None, grad_mode=True):
+        train = _needs_grad(ctx, grad_mode)
         weight_t = weight.t().contiguous()  # (H, G*H): a plain (not transposed) operand is faster for small B
         mask = proj.new_empty(0) if mask is None else mask.contiguous()  # empty: no inner dropout
         ops = native_ops(proj)
@@ -102,14 +108,15 @@ class GatedRecurrence(torch.autograd.Function):
         if dq is not None and dq.numel():  # GRU: du's n slot is the gradient of U_n h + b_hn, not of p_n
             du[..., -dq.size(2) :] = dq
         return (None, du, grad_weight, grad_bias if bias_grad else None, grad_h0 if ctx.needs_input_grad[4] else None,
-                None)
+                None, None)
 
 
 class LBRURecurrence(torch.autograd.Function):
     """TPAMI layer-wise BRU forward (eq. 72-75, 77): gates ``[z, r, n(, s)]``, state ``(h, z_{t-1})``.
 
     Shapes: ``proj`` ``(T, B, G*H)``, ``weight`` ``(G*H, H)``, ``bias`` ``(H,)`` (``b_hh``), ``h0`` ``(B, H)``
-    -> ``h`` ``(T, B, H)`` and ``s`` ``(T, B, H)`` (empty unless ``G = 4``).
+    -> ``h`` ``(T, B, H)`` and ``s`` ``(T, B, H)`` (empty unless ``G = 4``); ``grad_mode`` as
+    :class:`GatedRecurrence`'s.
 
     Saved per frame: ``[z, r, n, s]`` (C++ kernels: the gate values) or ``[a_z, a_r, q, a_s]`` (TorchScript:
     the pre-activations, ``q`` that of ``n``, eq. 74), ``U_n h_{t-1} + b_hh`` and ``h``: ``(G + 2) H`` values;
@@ -117,11 +124,11 @@ class LBRURecurrence(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, input_gate, proj, weight, bias, h0):
+    def forward(ctx, input_gate, proj, weight, bias, h0, grad_mode=True):
         T, B, width = proj.shape
         H = weight.size(1)
         gates = width // H
-        train = _needs_grad(ctx)
+        train = _needs_grad(ctx, grad_mode)
         ops = native_ops(proj)
         ctx.native = ops is not None
         result = None if ctx.native else triton_loops.lbru_forward(input_gate, proj, weight.t(), bias, h0, train)
@@ -163,7 +170,7 @@ class LBRURecurrence(torch.autograd.Function):
             grad_weight = torch.addmm(du[0].t().mm(h0), du[1:].flatten(0, 1).t(), h[:-1].flatten(0, 1))
             grad_bias = du[..., 2 * H : 3 * H].sum((0, 1))
             du[..., 2 * H : 3 * H] = dq  # du becomes the gradient of the projections
-            return None, du, grad_weight, grad_bias, g
+            return None, du, grad_weight, grad_bias, g, None
         if not ctx.input_gate:  # [a_z, q(, a_s)] -> [a_z, 0, q(, a_s)]
             pre = torch.cat([pre[..., :H], torch.zeros_like(pre[..., :H]), pre[..., H:]], dim=-1)
         T, B, width = pre.shape
@@ -198,4 +205,4 @@ class LBRURecurrence(torch.autograd.Function):
         grad_weight = du.flatten(0, 1).t().mm(h_previous.flatten(0, 1))  # sum_t du_t^T h_{t-1}
         grad_bias = du[..., 2 * H : 3 * H].sum((0, 1))
         torch.mul(G, K1, out=du[..., 2 * H : 3 * H])  # dq: du becomes the gradient of the projections
-        return None, du, grad_weight, grad_bias, g
+        return None, du, grad_weight, grad_bias, g, None

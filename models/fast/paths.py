@@ -14,7 +14,9 @@ from __future__ import annotations
 import torch
 
 from models.fast.gated import GatedRecurrence, LBRURecurrence
-from models.fast.scans import KalmanSmoother, LinearRecurrence, MatrixRecurrence, SoftplusRecurrence, scan_ops
+from models.fast import triton_loops
+from models.fast.scans import (_NO_FUTURE, HMMSmoother, KalmanSmoother, LinearRecurrence, MatrixRecurrence,
+                               SoftplusRecurrence, hmm_term, scan_ops)
 from models.recurrent import log_sigmoid_pair
 
 # unit -> the options with a fast path; anything else runs the reference loop.
@@ -53,7 +55,7 @@ def gated(cell, kind: str, proj: torch.Tensor, lengths: torch.Tensor):
     if mask is not None:
         mask = mask.expand(proj.size(0), cell.hidden_size)
     out = GatedRecurrence.apply(kind, _time_major(proj), cell.recurrent.weight, cell.recurrent.bias, state[0],
-                                mask)  # (T, B, H)
+                                mask, torch.is_grad_enabled())  # (T, B, H)
     return cell.finish(proj, (out.transpose(0, 1),), lengths)
 
 
@@ -61,7 +63,8 @@ def lbru(cell, proj: torch.Tensor, lengths: torch.Tensor):
     """TPAMI layer-wise BRU, eq. 72-75 forward and eq. 77-78 backward (``backward="layer"``)."""
     T = proj.size(1)
     h0 = proj.new_full((proj.size(0), cell.hidden_size), 0.5)
-    h, s = LBRURecurrence.apply(cell.input_gate, _time_major(proj), cell.recurrent.weight, cell.hidden_bias, h0)
+    h, s = LBRURecurrence.apply(cell.input_gate, _time_major(proj), cell.recurrent.weight, cell.hidden_bias, h0,
+                                torch.is_grad_enabled())
     if cell.backward == "layer":
         # h'_t = s_{t+1} (U_b h'_{t+1} + b_b) + (1 - s_{t+1}) h_t, restarted at h'_t = h_t at each last frame
         s_next = torch.cat([s[1:], torch.zeros_like(s[:1])])  # (T, B, H)
@@ -87,6 +90,11 @@ def ubru(cell, a: torch.Tensor, lengths: torch.Tensor):
     at = _time_major(a)  # (T, B, H)
     c = at + (log_t01 - log_not_t01)
     if cell.backward == "hmm":
+        if triton_loops.scan_ops(at) is not None:  # a GPU: the HMM pass and gamma in one kernel each way
+            x = SoftplusRecurrence.apply(c, k, x0)
+            gamma = HMMSmoother.apply(x, at, torch.stack([cell.tau11_logit, cell.tau01_logit]),
+                                      log_not_t11 - log_not_t01, lengths - 1).transpose(0, 1)
+            return gamma, gamma
         c_back, j = _hmm_inputs(cell, at, log_not_t11 - log_not_t01, lengths)
         r0 = torch.full_like(x0, _NO_FUTURE)
         if scan_ops(at) is not None:  # one kernel call each way (C++: threads split by unit)
@@ -127,11 +135,6 @@ def _kalman(x, k, at_end):
     return LinearRecurrence.apply(True, A, B)
 
 
-# The value ``r`` takes after a sequence's end: far enough below any real one that ``softplus(r + j)``
-# is exactly 0, yet finite, so that no ``inf - inf`` appears.
-_NO_FUTURE = -1e30
-
-
 def _hmm_inputs(cell, at, c, lengths):
     """Eq. 17-18 through ``rho_t = log beta_t - log beta-bar_t``, so that ``gamma_t = sigma(logit alpha_t + rho_t)``.
 
@@ -142,11 +145,9 @@ def _hmm_inputs(cell, at, c, lengths):
     it is the form of the forward pass with constant ``j``, run backwards in time:
     ``r_t = a_t + c + softplus(r_{t+1} + j_0) - softplus(r_{t+1} + j_1)``. At each sequence's last frame
     ``rho = 0`` (``beta_T = beta-bar_T = 1``), so ``r = a``; after it (padding) ``r`` is ``_NO_FUTURE``,
-    where both softplus terms are exactly 0: the restart is exact and no gradient crosses it.
+    where both softplus terms are exactly 0: the restart is exact and no gradient crosses it. (On a GPU
+    :class:`models.fast.scans.HMMSmoother` runs this recursion and gamma in one kernel each way.)
 
     Returns the per-frame term ``(T, B, H)`` (time-major) and ``j`` ``(2, H)``.
     """
-    t = torch.arange(at.size(0), device=at.device)[:, None, None]
-    last = lengths[None, :, None] - 1
-    term = torch.where(t == last, at, at + c).masked_fill(t > last, _NO_FUTURE)
-    return term, torch.stack([cell.tau11_logit, cell.tau01_logit])
+    return hmm_term(at, c, lengths - 1), torch.stack([cell.tau11_logit, cell.tau01_logit])

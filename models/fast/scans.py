@@ -88,21 +88,26 @@ class SoftplusRecurrence(torch.autograd.Function):
         if result is not None:
             G, grad_k, grad_x0 = result
             return G, grad_k.sum(1), grad_x0, None
-        flip = (lambda v: v.flip(0)) if ctx.reverse else (lambda v: v)
-        out, grad_out = flip(out), flip(grad_out)
-        # In place wherever possible: on a CPU, fresh buffers of T*B*2*H floats cost page faults
-        # comparable to the arithmetic.
-        T, B, H = out.shape
-        S = torch.empty(T, B, 2, H, dtype=out.dtype, device=out.device)  # sigma(x_{t-1} + k), (T, B, 2, H)
-        torch.add(x0.unsqueeze(1), k, out=S[0])
-        torch.add(out[:-1].unsqueeze(2), k, out=S[1:])
-        S.sigmoid_()
-        D = torch.sub(S[:, :, 0], S[:, :, 1])  # D_t = dx_t / dx_{t-1}
-        G = _linear_loop(D, grad_out.contiguous(), reverse=True, shift=True)
-        grad_x0 = D[0] * G[0]
-        grad_K = S.mul_(G.unsqueeze(2))
-        grad_K[:, :, 1].neg_()
-        return flip(G), grad_K.sum((0, 1)), grad_x0, None
+        return (*_softplus_backward(grad_out, k, x0, out, ctx.reverse), None)
+
+
+def _softplus_backward(grad_out, k, x0, out, reverse):
+    """The gradient of :class:`SoftplusRecurrence` off its kernels: ``(dL/dc, dL/dk (2, H), dL/dx0)``."""
+    flip = (lambda v: v.flip(0)) if reverse else (lambda v: v)
+    out, grad_out = flip(out), flip(grad_out)
+    # In place wherever possible: on a CPU, fresh buffers of T*B*2*H floats cost page faults
+    # comparable to the arithmetic.
+    T, B, H = out.shape
+    S = torch.empty(T, B, 2, H, dtype=out.dtype, device=out.device)  # sigma(x_{t-1} + k), (T, B, 2, H)
+    torch.add(x0.unsqueeze(1), k, out=S[0])
+    torch.add(out[:-1].unsqueeze(2), k, out=S[1:])
+    S.sigmoid_()
+    D = torch.sub(S[:, :, 0], S[:, :, 1])  # D_t = dx_t / dx_{t-1}
+    G = _linear_loop(D, grad_out.contiguous(), reverse=True, shift=True)
+    grad_x0 = D[0] * G[0]
+    grad_K = S.mul_(G.unsqueeze(2))
+    grad_K[:, :, 1].neg_()
+    return flip(G), grad_K.sum((0, 1)), grad_x0
 
 
 def _linear_loop(A, B, reverse, shift=False):
@@ -217,6 +222,73 @@ class KalmanSmoother(torch.autograd.Function):
         x, k, last, gamma = ctx.saved_tensors
         grad_x, grad_k = scan_ops(x).kalman_smoother_backward(grad.contiguous(), x, k, last, gamma)
         return grad_x, grad_k.sum(1), None
+
+
+# The value the HMM pass's r takes after a sequence's end: far enough below any real one that
+# ``softplus(r + j)`` is exactly 0, yet finite, so that no ``inf - inf`` appears.
+_NO_FUTURE = -1e30
+
+
+class HMMSmoother(torch.autograd.Function):
+    """The UBRU's HMM backward pass and its posteriors, ``gamma_t = sigma(x_t + r_t - a_t)`` with ``r`` the
+    backward recursion of :func:`models.fast.paths._hmm_inputs` restarted at each sequence's last frame: on a
+    GPU one Triton kernel each way (``triton_kernels.hmm_smoother``), elsewhere (or where the kernel refuses)
+    :func:`_hmm_loop`. (On the CPU :func:`models.fast.paths.ubru` runs the pass as a :class:`SoftplusRecurrence`
+    of the C++ kernels instead.)
+
+    Shapes: ``x`` ``(T, B, H)`` (logit alpha), ``a`` ``(T, B, H)`` (the unit's inputs), ``j`` ``(2, H)``
+    (``[logit tau11, logit tau01]``), ``c`` ``(H,)`` (``log(1 - tau11) - log(1 - tau01)``), ``last`` ``(B,)``
+    int64 -> ``(T, B, H)``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, a, j, c, last):
+        ops = triton_loops.scan_ops(x)
+        result = None if ops is None else ops.hmm_smoother(x, a, j, c, last)
+        gamma, r = result if result is not None else _hmm_loop(x, a, j, c, last)
+        ctx.save_for_backward(j, last, gamma, r)
+        return gamma
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        j, last, gamma, r = ctx.saved_tensors
+        ops = triton_loops.scan_ops(gamma)
+        result = None if ops is None else ops.hmm_smoother_backward(grad, j, last, gamma, r)
+        if result is None:
+            return (*_hmm_loop_backward(grad, j, last, gamma, r), None)
+        grad_x, grad_a, grad_jc = result
+        sums = grad_jc.sum(1)  # (3, H): [dL/dj_0, dL/dj_1, dL/dc]
+        return grad_x, grad_a, sums[:2], sums[2], None
+
+
+def _restarts(a, last):
+    """``(T, 1, 1)`` frame numbers and ``(1, B, 1)`` last frames, to compare."""
+    return torch.arange(a.size(0), device=a.device)[:, None, None], last[None, :, None]
+
+
+def hmm_term(a, c, last):
+    """The per-frame term of the HMM pass's recursion (:func:`models.fast.paths._hmm_inputs`): ``a_t + c``
+    before each sequence's last frame ``last[b]``, ``a_t`` at it, ``_NO_FUTURE`` after it. ``(T, B, H)``."""
+    t, end = _restarts(a, last)
+    return torch.where(t == end, a, a + c).masked_fill(t > end, _NO_FUTURE)
+
+
+def _hmm_loop(x, a, j, c, last):
+    """:class:`HMMSmoother`'s forward pass off its kernel, ``(gamma, r)``: ``r`` by :func:`_softplus_loop`
+    backwards in time from :func:`hmm_term`."""
+    term = hmm_term(a, c, last)
+    r = _softplus_loop(term.flip(0), j, torch.full_like(a[0], _NO_FUTURE), torch.empty_like(a)).flip(0)
+    return torch.sigmoid(x + r - a), r
+
+
+def _hmm_loop_backward(grad, j, last, gamma, r):
+    """The gradient of :func:`_hmm_loop`: ``(dL/dx, dL/da, dL/dj (2, H), dL/dc (H,))``, through
+    :func:`_softplus_backward`."""
+    d = grad * gamma * (1 - gamma)  # dL/dx_t, and dL/dr_t before the recursion
+    G, grad_j, _ = _softplus_backward(d, j, torch.full_like(r[0], _NO_FUTURE), r, True)  # dL/d(the term)
+    t, end = _restarts(r, last)
+    return d, G.masked_fill(t > end, 0.0) - d, grad_j, G.masked_fill(t >= end, 0.0).sum((0, 1))
 
 
 @_script

@@ -14,10 +14,15 @@ Two kinds of kernel:
 * **Elementwise recursions** (:func:`softplus_scan` ...): every unit of every sequence is independent,
   so each program takes a block of ``B*H`` and runs the time loop alone; no barrier.
 
-The barrier needs every program of a launch resident at once; the launcher keeps the grid within the
-GPU's multiprocessors. With ``SYNC = False`` a launch runs steps ``[t_begin, t_end)`` without it, the
-kernel boundary being the barrier: that is how Triton's CPU interpreter, which runs programs one after
-another, tests a grid of several programs, one launch per step; with one program ``SYNC`` is harmless.
+The barrier needs every program of a launch resident at once. The launcher asks CUDA for that (a
+cooperative launch, which CUDA refuses for a grid that cannot be co-resident) and sizes its grids from the
+compiled kernel's occupancy; and a barrier never waits for ever: after ``SPINS`` polls it gives up, sets
+``GAVE_UP`` in its counter (every later barrier of those rows then passes at once, so the launch ends,
+with garbage) and returns. It never traps, which would poison the CUDA context; the host reads the
+counters after the launch and reruns the pass on the TorchScript loop. With ``SYNC = False`` a launch
+runs steps ``[t_begin, t_end)`` without the barrier, the kernel boundary being the barrier: that is how
+Triton's CPU interpreter, which runs programs one after another, tests a grid of several programs, one
+launch per step; with one program ``SYNC`` is harmless.
 
 Layouts are time-major and contiguous: outputs ``(T, B, H)`` and ``h0`` ``(B, H)``, projections
 ``(T, B, G*H)``, the recurrent matrix transposed ``w_t`` ``(H, G*H)`` forward and as it is ``w``
@@ -77,17 +82,33 @@ def _tanh(a):
     return tl.where(a < 0, -t, t)
 
 
+# A barrier gives up after this many polls of its counter (each a round trip to the L2 cache, under a
+# microsecond: seconds in all, where a step's wait is microseconds), and then sets GAVE_UP in the counter:
+# above every target of a launch (the launcher keeps arrivals * steps below it).
+SPINS = tl.constexpr(1 << 22)
+GAVE_UP = tl.constexpr(1 << 30)
+
+
 @jit
 def _sync(counter, target, SYNC: tl.constexpr):
     """Wait until ``target`` arrivals at ``counter`` (every program of these rows has written this step):
     the writes before it are seen by every program after it. ``debug_barrier`` makes the program's own
-    threads' stores precede its release; the acquiring read makes the others' stores visible, and the
-    state is then read past the L1 cache (``.cg``), which is not coherent between multiprocessors."""
+    threads' stores precede its release; the acquiring read orders the program's later loads after the
+    others' released stores, and the block barrier after it extends that to all of its threads. (The
+    loads of the state ask for ``.cg``, past the L1 cache, which is not coherent between multiprocessors;
+    that is a hint: for H = 550 the compiler copies the state to shared memory 4 bytes at a time, for which
+    ``cp.async`` has no ``.cg``, and the copies cache in L1 (``.ca``, read in the PTX). The acquire and the
+    barrier are what make the loads right.) After ``SPINS`` polls it gives up: ``GAVE_UP`` OR-ed into the counter (idempotent, so
+    that several programs giving up at once cannot overflow it) lets every program through."""
     if SYNC:
         tl.debug_barrier()
         tl.atomic_add(counter, 1, sem="release", scope="gpu")
         arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
+        polls = 0
         while arrived < target:
+            polls += 1
+            if polls == SPINS:
+                tl.atomic_or(counter, GAVE_UP, sem="relaxed", scope="gpu")
             arrived = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
 
@@ -555,6 +576,65 @@ def kalman_smoother_backward(grad, x, k, last, gamma, grad_x, grad_k, N, T, H, B
         carried = tl.where(inside, (s0 - s1) * g, 0.0)
     tl.store(grad_k + n, sum0, mask=ok)
     tl.store(grad_k + N + n, sum1, mask=ok)
+
+
+# The value the HMM pass's r takes after a sequence's end (models.fast.scans._NO_FUTURE): softplus(r + j) is 0.
+NO_FUTURE = tl.constexpr(-1e30)
+
+
+@jit
+def hmm_smoother(x, a, j, c, last, gamma, r_out, N, T, H, BLOCK: tl.constexpr):
+    """The UBRU's HMM backward pass and its posteriors in one kernel (UBRU eq. 17-18, see
+    :func:`models.fast.paths._hmm_inputs`): backwards in time, ``r_t = a_t`` at each sequence's last frame
+    ``last[b]``, ``r_t = a_t + c + softplus(r_{t+1} + j_0) - softplus(r_{t+1} + j_1)`` before it and
+    ``NO_FUTURE`` after it, then ``gamma_t = sigma(x_t + r_t - a_t)`` (``x`` logit alpha). ``x``, ``a``,
+    ``gamma``, ``r_out`` ``(T, B, H)``, ``j`` ``(2, H)``, ``c`` ``(H,)``; ``r`` is kept for the backward pass."""
+    n, ok, j0, j1 = _scan_block(j, N, H, BLOCK)
+    c_n = tl.load(c + n % H, mask=ok, other=0.0)
+    end = tl.load(last + n // H, mask=ok, other=0)  # each sequence's last frame
+    r = j0 * 0.0
+    for i in range(0, T):
+        t = T - 1 - i
+        a_t = tl.load(a + t * N + n, mask=ok, other=0.0)
+        r = tl.where(t == end, a_t, a_t + c_n + _softplus(r + j0) - _softplus(r + j1))
+        r = tl.where(t > end, NO_FUTURE, r)
+        tl.store(r_out + t * N + n, r, mask=ok)
+        tl.store(gamma + t * N + n, _sigmoid(tl.load(x + t * N + n, mask=ok, other=0.0) + r - a_t), mask=ok)
+
+
+@jit
+def hmm_smoother_backward(grad, j, last, gamma, r, grad_x, grad_a, grad_jc, N, T, H, BLOCK: tl.constexpr):
+    """The gradient of :func:`hmm_smoother`, forwards in time. With ``d_t = grad_t gamma_t (1 - gamma_t)`` (the
+    gradient of ``x_t``), ``R_t = dL/dr_t`` is ``d_t + (S_0 - S_1) R_{t-1}`` up to the last frame (``S_k =
+    sigma(r_t + j_k)``: ``r_{t-1}`` depends on ``r_t``), 0 after it; ``dL/da_t = R_t - d_t``; ``grad_jc``
+    ``(3, B, H)`` gets ``sum R_{t-1} S_0``, ``-sum R_{t-1} S_1`` and ``sum R_{t-1}`` over the frames before the
+    last (summed over ``B`` by the caller)."""
+    n, ok, j0, j1 = _scan_block(j, N, H, BLOCK)
+    end = tl.load(last + n // H, mask=ok, other=0)
+    carried = j0 * 0.0  # R_{t-1}
+    sum0 = carried
+    sum1 = carried
+    sum_c = carried
+    for t in range(0, T):
+        g = tl.load(gamma + t * N + n, mask=ok, other=0.0)
+        d = tl.load(grad + t * N + n, mask=ok, other=0.0) * g * (1.0 - g)
+        inside = t <= end
+        if t > 0:  # r_{t-1} = a_{t-1} + c + softplus(r_t + j_0) - softplus(r_t + j_1) (t - 1 < end)
+            v = tl.load(r + t * N + n, mask=ok, other=0.0)
+            s0, s1 = _sigmoid(v + j0), _sigmoid(v + j1)
+            carried = tl.where(inside, carried, 0.0)
+            sum0 += carried * s0
+            sum1 -= carried * s1
+            sum_c += carried
+            following = d + (s0 - s1) * carried
+        else:
+            following = d
+        carried = tl.where(inside, following, 0.0)
+        tl.store(grad_x + t * N + n, d, mask=ok)
+        tl.store(grad_a + t * N + n, carried - d, mask=ok)
+    tl.store(grad_jc + n, sum0, mask=ok)
+    tl.store(grad_jc + N + n, sum1, mask=ok)
+    tl.store(grad_jc + 2 * N + n, sum_c, mask=ok)
 
 
 # --------------------------------------------------------------------------- the layer-wise smoothing
