@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from bru_kaldi.chain import native, objective, triton_fb
-from bru_kaldi.chain.graph import ChainGraph, denominator_graph, numerator_graph
-from tests.test_chain import CASES, arcs_of, brute_force, random_graph
+from bru_kaldi.chain.graph import ChainGraph, denominator_graph
+from tests.test_chain import CASES, arcs_of, brute_force, numerator_graph, random_graph
 
 pytestmark = pytest.mark.slow  # the kernel through Triton's interpreter
 
