@@ -58,9 +58,10 @@ from bru_kaldi.network import (build_model, check_architectures, has_unused_para
                                trained_architectures)
 from bru_kaldi.learning_rate import epoch_rates, step_rate
 from bru_kaldi.checkpoints import CheckpointError, Progress, load_checkpoint, save_checkpoint, save_tensors
-from bru_kaldi.training import (Diverged, autocast, batch_loss, chance_frame_error, dev_criterion, epochs_since_best, evaluate,
-                                feature_columns, gradient_norm, keep_best_weights, make_optimizer, param_groups, pick_device,
-                                plot_learning_curve, seed_everything, stopped_early, warn_if_not_learning)
+from bru_kaldi.training import (Diverged, autocast, batch_loss, chance_frame_error, dev_criterion, epochs_since_best,
+                                evaluate, feature_columns, gradient_norm, keep_best_weights, make_optimizer,
+                                param_groups, pick_device, plot_learning_curve, seed_everything, stopped_early,
+                                warn_if_not_learning)
 from bru_kaldi.corpus import Corpus, dataset_for, fingerprint, loader_options
 from bru_kaldi.feature_transforms import GlobalNorm
 from bru_kaldi.kaldi.tables import KaldiIOError
@@ -298,7 +299,8 @@ def end_epoch(run: Training, epoch: int, lrs: dict[str, float]) -> None:
     progress.history.append({"epoch": epoch + 1, "train_loss": loss_sum / frames, "train_err": errors / frames,
                              "dev_loss": dev_loss, "dev_err": dev_err, "lr": lrs, "seconds": seconds})
     progress.epoch, progress.chunk, progress.chunk_stats = epoch + 1, 0, []
-    if run.config.exp.patience and run.dist.main and epochs_since_best(progress.dev_scores(dev_criterion(run.config))) == 0:
+    best_now = epochs_since_best(progress.dev_scores(dev_criterion(run.config))) == 0
+    if run.config.exp.patience and run.dist.main and best_now:
         # before the checkpoint: a checkpoint that counts this epoch always has its best weights beside it
         save_tensors({"model": run.model.state_dict(), "epoch": epoch + 1}, run.exp.best)
     run.checkpoint()

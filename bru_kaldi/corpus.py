@@ -276,7 +276,8 @@ class Corpus:
             labels = {lab.lab_name: self.stores[lab.lab_folder].labels(key, self._kinds[lab.lab_name])[:frames]
                       for lab in self.spec.lab}
             for lab in self._transition_ids:
-                labels[transition_ids_of(lab.lab_name)] = self.stores[lab.lab_folder].labels(key, "transition-id")[:frames]
+                store = self.stores[lab.lab_folder]
+                labels[transition_ids_of(lab.lab_name)] = store.labels(key, "transition-id")[:frames]
             utterances.extend(self._limit(key, feats, labels))
         return utterances
 

@@ -160,7 +160,8 @@ class NumeratorCompiler:
 
         def out(s):  # (destination, transition-id, probability) of state s
             first = int(tm.state2id[numbers[s]])
-            return [(d, first + i, math.exp(float(tm.log_probs[first + i]))) for i, (d, _) in enumerate(entry[s].transitions)]
+            return [(d, first + i, math.exp(float(tm.log_probs[first + i])))
+                    for i, (d, _) in enumerate(entry[s].transitions)]
 
         def loop(s):
             return next((p for d, _, p in out(s) if d == s), 0.0)

@@ -257,7 +257,8 @@ class ChainObjective(torch.autograd.Function):
         den_logprob, den_posteriors = denominator_forward_backward(nnet_output, lengths, den_graph,
                                                                    leaky_coefficient)
         alive = torch.isfinite(num_logprob)
-        difference = torch.where(alive[:, None, None], num_posteriors - den_posteriors, torch.zeros_like(num_posteriors))
+        difference = torch.where(alive[:, None, None], num_posteriors - den_posteriors,
+                                 torch.zeros_like(num_posteriors))
         ctx.save_for_backward(difference)
         ctx.mark_non_differentiable(num_posteriors)
         return torch.where(alive, num_logprob - den_logprob, torch.zeros_like(num_logprob)), num_posteriors

@@ -24,7 +24,8 @@ from typing import Callable, Optional, Sequence
 from bru_kaldi.config import Decoding
 from bru_kaldi.decoding.kaldi_scripts import KALDI_BINARIES, choose_decoder, decode_kaldi
 from bru_kaldi.decoding.python_decoder import decode_python
-from bru_kaldi.decoding.sets import (FRAME_SHIFT, GRAPHS, DecodeInputError, DecodeJob, GraphMismatchError, KaldiDecodeError,
+from bru_kaldi.decoding.sets import (FRAME_SHIFT, GRAPHS, DecodeInputError, DecodeJob, GraphMismatchError,
+                                     KaldiDecodeError,
                                      KaldiNotFoundError, MissingInputError, SetResult, check_graph, clear_outputs,
                                      prepare, read_words)
 from bru_kaldi.decoding.utterance import (DecodeResult, DecoderOptions, NoPathError, decode, linear_loop_graph,

@@ -1,4 +1,4 @@
-"""LF-MMI's phone LM against Kaldi's ``chain-est-phone-lm``.
+"""LF-MMI's phone LM and denominator graph against Kaldi's ``chain-est-phone-lm`` and ``chain-make-den-fst``.
 
 Kaldi's ``src/chainbin`` is not among the binaries a CPU-only Kaldi subset usually builds (it links the
 CUDA-matrix library, which builds without CUDA); ``tests/kaldi/build_chain_bins.sh KALDI_ROOT`` builds
@@ -8,7 +8,9 @@ CUDA-matrix library, which builds without CUDA); ``tests/kaldi/build_chain_bins.
 On the tests' tiny built-in corpus, from the phone sequences of its training alignments, our phone
 n-gram and Kaldi's (order 4, Kaldi's defaults) have the same states and arcs, and give every training
 utterance's phone sequence (and its end) the same probability. The corpus is too small for either to
-prune a history: where they prune (the default size), they keep different histories (cfg/README.md).
+prune a history: where they prune (the default size), they keep different histories (cfg/README.md). Our
+denominator graph of the chain model and Kaldi's den.fst weigh every training utterance alike, but for
+Kaldi's weight pushing.
 """
 
 import os
@@ -96,3 +98,60 @@ def kaldifst_arcs(fst, state):
     import kaldifst
 
     return kaldifst.ArcIterator(fst, state)
+
+
+def log_weight(fst, labels) -> float:
+    """log of the total weight of every path of ``fst`` that reads ``labels`` from its start to a final state
+    (the arcs' and the final weight): the forward algorithm in the log semiring, over its arcs."""
+    import kaldifst
+
+    arcs = [[(a.ilabel, a.nextstate, -a.weight.value) for a in kaldifst.ArcIterator(fst, s)] for s in range(fst.num_states)]
+    alpha = {fst.start: 0.0}
+    for label in labels:
+        following = {}
+        for state, value in alpha.items():
+            for ilabel, nextstate, weight in arcs[state]:
+                if ilabel == label:
+                    following[nextstate] = np.logaddexp(following.get(nextstate, -np.inf), value + weight)
+        alpha = following
+    finals = [value - fst.final(state).value for state, value in alpha.items() if np.isfinite(fst.final(state).value)]
+    return float(np.logaddexp.reduce(finals)) if finals else -np.inf
+
+
+def test_our_den_fst_is_kaldis_chain_make_den_fst_up_to_its_weight_pushing(tiny_corpus, tmp_path):
+    """Our denominator of the chain model (stage 8) and Kaldi's chain-make-den-fst of the same tree, model and
+    phone LM (a bigram) accept the same pdf sequences with the same weights, but for Kaldi's weight pushing
+    (``PushSpecial``: every state's weights scaled to one total, the rest spread evenly over the arcs), which
+    multiplies a whole utterance's weight by a constant per frame: their log-ratio is an affine function of
+    its length. Ours are not pushed, so that their arcs are the chain decoding graph's."""
+    import kaldifst
+
+    from bru_kaldi.chain.den_graph import write_den_fst
+    from bru_kaldi.chain.phone_lm import estimate_phone_lm
+    from bru_kaldi.chain.den_graph import denominator_graph
+    from bru_kaldi.kaldi.alignments import read_alignments
+    from bru_kaldi.kaldi.transition_model import read_transition_model
+
+    ali, chain = tiny_corpus.chain_ali("train"), tiny_corpus.root / "exp" / "chain"
+    kaldi_chain("chain-est-phone-lm --ngram-order=2", f"'ark:gunzip -c {ali}/ali.*.gz | ali-to-phones {chain}/final.mdl "
+                "ark:- ark:- |'", str(tmp_path / "phone_lm.fst"))
+    kaldi_chain("chain-make-den-fst", str(chain / "tree"), str(chain / "final.mdl"), str(tmp_path / "phone_lm.fst"),
+                str(tmp_path / "kaldi_den.fst"), str(tmp_path / "normalization.fst"))
+    tm = read_transition_model(chain / "final.mdl")
+    alignments = list(read_alignments(str(ali)))
+    ours = denominator_graph(estimate_phone_lm([tm.ali_to_phones(a) for _, a in alignments], order=2), tm)
+    write_den_fst(ours, tmp_path / "den.fst")
+    theirs, mine = (kaldifst.StdVectorFst.read(str(tmp_path / name)) for name in ("kaldi_den.fst", "den.fst"))
+    lengths, ratios = [], []
+    for _, a in alignments:
+        labels = (tm.tid2pdf[a] + 1).tolist()
+        lengths.append(len(labels))
+        ratios.append(log_weight(mine, labels) - log_weight(theirs, labels))
+    assert np.isfinite(ratios).all() and len(set(lengths)) > 3
+    slope, intercept = np.polyfit(lengths, ratios, 1)
+    np.testing.assert_allclose(ratios, intercept + slope * np.array(lengths), atol=1e-3)
+    # and a sequence neither accepts: an utterance that begins with a self-loop pdf (a phone's first frame emits
+    # its forward pdf)
+    loop = int(tm.tid2pdf[alignments[0][1][1]]) + 1  # the first phone's second frame: a self-loop
+    assert tm.tid_is_self_loop[alignments[0][1][1]]
+    assert log_weight(theirs, [loop]) == log_weight(mine, [loop]) == -np.inf
