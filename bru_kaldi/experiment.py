@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from bru_kaldi.atomic import write_text_atomically
-from bru_kaldi.config import ConfigError, option_default
+from bru_kaldi.config import ConfigError, left_to_the_unit, option_default
 
 
 class Experiment:
@@ -226,8 +226,14 @@ def check_same_experiment(exp: Experiment, resolved_text: str, source: str) -> N
                 if key[0] not in allowed or (allowed[key[0]] is not None and key[1] not in allowed[key[0]])}
 
     before, now = relevant(exp.resolved.read_text()), relevant(resolved_text)
-    # an option the toolkit gained after the folder was made changes nothing while it keeps its default
-    changed = sorted(k for k in set(before) | set(now) if before.get(k, option_default(*k)) != now.get(k))
+
+    def unchanged(key):
+        # an option the toolkit gained after the folder was made changes nothing while it keeps its default, nor
+        # does a unit's option left at the unit's default, however written (or not written)
+        old, new = before.get(key, option_default(*key)), now.get(key)
+        return old == new or all(v is None or left_to_the_unit(*key, v) for v in (old, new))
+
+    changed = sorted(k for k in set(before) | set(now) if not unchanged(k))
     if changed:
         def shown(section, option):
             old, new = before.get((section, option)), now.get((section, option))
