@@ -61,7 +61,7 @@ from bru_kaldi.builtin_corpus import SIZES as BUILTIN_SIZES
 from bru_kaldi.builtin_corpus import TASKS as BUILTIN_TASKS
 from bru_kaldi.feature_transforms import parse_fea_opts
 from bru_kaldi.schedules import dropout_schedule, expand_schedule
-from bru_kaldi.scoring import SCORINGS
+from bru_kaldi.scoring import scoring_filter
 
 
 class ConfigError(ValueError):
@@ -288,7 +288,9 @@ class Decoding:
     """``[decoding]``: the decoder, its beams, the acoustic scales and insertion penalties tried on dev, the scoring."""
 
     decoder: str = choice(*DECODERS, default="auto")  # auto: Kaldi when its binaries are found
-    scoring: str = choice(*SCORINGS, default="timit")
+    # the corpus's scoring filter: plain, a corpus whose recipe keeps one (recipes/<corpus>/scoring_filter.txt:
+    # timit, wsj, ami) or a filter file's path (bru_kaldi.scoring)
+    scoring: str = "timit"
     min_active: int = 200
     max_active: int = 7000
     max_mem: int = 50000000
@@ -700,6 +702,10 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
     if config.forward.normalize_posteriors and config.forward.normalize_with_counts_from != config.model.senone_lab:
         add(f"{src} [forward] normalize_with_counts_from: the priors divide the senone posteriors, so it must "
             f"name [model] senone_lab = {config.model.senone_lab!r}, got {config.forward.normalize_with_counts_from!r}")
+    try:
+        scoring_filter(config.decoding.scoring)
+    except (ValueError, OSError) as error:
+        add(f"{src} [decoding] scoring: {error}")
     lab_names = {s.lab_name for d in config.datasets for s in d.lab}
     for option in ("senone_lab", "mono_lab"):
         value = getattr(config.model, option)

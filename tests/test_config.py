@@ -221,6 +221,7 @@ def test_overrides_replace_values():
         (("n_chunks = 2", "n_chunks = 2\n[batches]\nmax_missing_fraction = 5"), r"\[batches\] max_missing_fraction: expected a fraction in \[0, 1\], got 5"),
         (("    cw_left=2", "    cw_lft=2"), r"unknown option 'cw_lft' \(did you mean 'cw_left'\?\)"),
         (("out_folder = $BRU_TEST_EXP/demo", "out_folder = $BRU_NOT_SET/demo"), r"environment variable \$BRU_NOT_SET is not set"),
+        (("[decoding]", "[decoding]\nscoring = timt"), r"\[decoding\] scoring: scoring 'timt' \(did you mean 'timit'\?\)"),
     ],
 )
 def test_bad_configs_name_section_option_and_expectation(edit, message):
