@@ -34,7 +34,7 @@ from bru_kaldi.atomic import write_text_atomically
 from bru_kaldi.config import ConfigError, left_to_the_unit, option_default
 from bru_kaldi.feature_transforms import GlobalNorm
 
-log = logging.getLogger("run_exp")
+log = logging.getLogger(__name__)
 
 
 class Experiment:

@@ -178,6 +178,11 @@ def _archived_runs():
     return sorted(STUDY.glob("*/*/seed1"))
 
 
+def test_the_archived_study_is_there_to_check_against():
+    """The test below takes one run of each archived system: none found would leave it nothing to check."""
+    assert len(_archived_runs()) >= 10, f"no archived study runs in {STUDY}: point the tests below at the study kept"
+
+
 def _resolved_again(folder: Path, seed: int, out_folder: str):
     """The config of the command line in ``folder``'s log, with another seed and folder, checked as run_exp.py
     checks it: what a further seed of that archived system is resolved from now."""
