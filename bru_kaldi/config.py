@@ -868,7 +868,8 @@ def _format(value) -> str:
 
 
 def write_resolved(config: Config, path) -> None:
-    """Write the fully resolved config (every option, defaults included) as INI, atomically.
+    """Write the fully resolved config (every option, defaults included; of a unit's options, those the config
+    sets, the rest being the unit's defaults) as INI, atomically.
 
     The first line is a comment naming the config it was resolved from (``compare.py`` names runs by it).
     """
