@@ -139,21 +139,8 @@ def load_training_data(config: Config, exp: Experiment, device: torch.device, di
     senone = config.model.senone_lab
     train_spec = dataset_for(config, config.data_use.train_with, with_labels=True)
     inputs = fingerprint(train_spec)
-    derived = exp.derived_from(inputs)  # else: none yet, or computed from data that has changed since
-    if not derived and exp.norm.is_file() and exp.trained_some():
-        if not (exp.folder / "derived.json").is_file():  # a folder older than the record: as it was
-            derived = True
-        else:
-            raise ConfigError(f"{exp.folder}: the training data changed since this experiment started (its files "
-                              f"differ from those {exp.norm} was computed from); use --force to train again on them")
-    if derived:
-        norm = GlobalNorm.load(exp.norm)
-    else:  # statistics of the training set only; dev and test get the same ones
-        if exp.norm.is_file():
-            log.warning("%s was computed from other training data (its inputs changed): computing it again", exp.norm)
-        norm = Corpus(train_spec, loader_options(config, "valid")).global_norm()
-        if dist.main:
-            norm.save(exp.norm)
+    norm, derived = exp.training_norm(inputs, lambda: Corpus(train_spec, loader_options(config, "valid")).global_norm(),
+                                      save=dist.main)
     lfmmi = config.model.objective == "lfmmi"  # its numerators are made from the alignments' transition-ids
     tids = [senone] if lfmmi else []
     train_set = Corpus(train_spec, loader_options(config, "train"), norm, transition_ids=tids)

@@ -70,11 +70,11 @@ TARGET_SHAPES = [(256, "uni", 16), (550, "bi", 8)]
 
 def parse_unit(spec: str):
     """``"ubru:kalman"`` -> ``("ubru", {"backward": "kalman"})``, ``"rnn:relu"`` -> ``("rnn", {"activation": "relu"})``:
-    the value goes to the unit's first option among ``backward``, ``activation``, ``form``."""
+    the value goes to the unit's first option (``models.unit_options``), as text."""
     unit, _, value = spec.partition(":")
     if not value:
         return unit, {}
-    option = next((o for o in ("backward", "activation", "form") if o in models.cell_options(unit)), None)
+    option = next(iter(models.unit_options(unit)), None)
     if option is None:
         raise ValueError(f"{unit} takes no option for {value!r}")
     return unit, {option: value}

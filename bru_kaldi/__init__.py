@@ -26,11 +26,14 @@ In the order a run uses them (``run_exp.py``), each module one job:
 ``posteriors``             pdf counts, log priors, log-likelihood archives for the decoders
 ``decoding/``              log-likelihoods to words: one utterance, whole sets, the Python decoder,
                            the Kaldi-script path
-``scoring``                WER/PER as Kaldi's ``compute-wer``, corpus filters, per-utterance counts
+``scoring``                WER/PER as Kaldi's ``compute-wer``, per-utterance counts; the scoring filter a
+                           config names, read from its corpus's recipe (``recipes/<corpus>/``)
 ``comparison/``            ``compare.py``'s sweeps over seeds, statistics, tables and figures
 ``atomic``                 the one way files are written: whole or not at all
 =========================  =========================================================================
 
-Dependencies point down: ``run_exp.py``, ``compare.py`` and ``data_io.py`` -> this package; ``models/`` stands
-alone and only ``network`` imports it; nothing here imports a recipe or ``data_io``.
+Dependencies point down: ``run_exp.py``, ``compare.py`` and ``data_io.py`` -> this package -> ``models/``, which
+stands alone. Two modules here import ``models``: ``network`` (the units) and ``chain.native`` (the C++ build
+machinery, ``models.fast.native``); nothing here imports a recipe or ``data_io`` (a recipe's data files, such
+as its scoring filter, are read by path).
 """

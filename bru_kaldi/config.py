@@ -10,9 +10,10 @@ Sections: ``[exp]``, ``[datasetN]`` (feature streams ``fea=`` and label streams 
 blocks, as in pytorch-kaldi), ``[data_use]``, ``[batches]``, ``[architectureN]``, ``[model]``,
 ``[forward]``, ``[decoding]``.
 
-Reading a config imports neither torch nor ``models``: what a unit accepts is checked by the units
-themselves when the model is built (``bru_kaldi.network.check_architectures``, which ``run_exp.py``
-calls right after parsing). Long because it is the whole config format in one place: the schema of every section (each field
+Reading a config imports neither torch nor ``models``: an ``[architectureN]`` option that is not in the
+schema is its unit's, kept as text (``Architecture.unit_options``), and the unit's code declares, reads and
+checks it when the model is built (``bru_kaldi.network.check_architectures``, which ``run_exp.py`` calls right
+after parsing). Long because it is the whole config format in one place: the schema of every section (each field
 with its default, declared once), the parser that fills it, the checks that span sections (one block
 after the schema), and the writer of ``config.resolved.cfg``, which is the parser's inverse.
 
@@ -60,7 +61,7 @@ from bru_kaldi.builtin_corpus import SIZES as BUILTIN_SIZES
 from bru_kaldi.builtin_corpus import TASKS as BUILTIN_TASKS
 from bru_kaldi.feature_transforms import parse_fea_opts
 from bru_kaldi.schedules import dropout_schedule, expand_schedule
-from bru_kaldi.scoring import SCORINGS
+from bru_kaldi.scoring import scoring_filter
 
 
 class ConfigError(ValueError):
@@ -206,49 +207,17 @@ class Architecture:
     # (x - mean) / (unbiased std + 1e-6) per frame), or layer+batch (layer first, as pytorch-kaldi)
     input_norm: str = choice(*INPUT_NORMS, default="none")
     bidirectional: list[bool] = field(default_factory=lambda: [False])
-    backward: str = "none"  # ubru: none/kalman/hmm; ubru_tpami: none/unit; lbru: none/layer
-    form: str = "log"  # bru, libru: log or prob
-    # rnn, mlp: one for every layer or one per layer (tanh, relu, sigmoid, softplus, linear, leaky_relu, elu);
-    # default: the unit's own (rnn tanh, mlp relu)
-    activation: list[str] = field(default_factory=lambda: ["default"])
-    # unit-specific, "none" (the default) leaves the unit's own default
-    input_gate: Optional[bool] = None  # lbru, ubru_tpami: the TPAMI input gate (eq. 65-75), on by default
-    rho0: Optional[float] = None  # ubru: initial values of its probabilities (default 0.5, 0.9, 0.1)
-    tau11: Optional[float] = None
-    tau01: Optional[float] = None
-    # sru (models.sru; none: its defaults): the highway input x' (learned, or auto: the input itself where it has
-    # the output width, as the sru package), the reset gate's initial bias, the highway on/off, the rescaling of
-    # x', the rank of the input products (0: full), and the inverted dropout on g(c_t), one per layer or one for
-    # every layer (empty: none)
-    highway: Optional[str] = None
-    highway_bias: Optional[float] = None
-    skip: Optional[bool] = None
-    rescale: Optional[bool] = None
-    projection_size: Optional[int] = None
-    state_dropout: list[float] = field(default_factory=list)
-    # fusionrnn (models.fusion): its first layer's input is `mics` microphones of equal width, fused with shared
-    # weights, the fusion activation (linear, prelu, relu, leaky_relu, tanh) and reduction (sum, mean) over them;
-    # the later layers fuse nothing (none: mics 1, linear, sum)
-    mics: Optional[int] = None
-    fusion_act: Optional[str] = None
-    fusion_reduce: Optional[str] = None
-    # cnn, sincnet (models.conv, frame-wise convolutions; sizes = filters per layer): per layer (or one for
-    # every layer) the convolution's kernel length and the max-pooling width (1: none)
-    kernel_sizes: list[int] = field(default_factory=list)
-    pool_sizes: list[int] = field(default_factory=list)  # empty: 1
-    # sincnet: the waveform's sampling rate and the least low cut-off and band width of its sinc filters, in Hz
-    # (none: 16000, 50, 50)
-    sample_rate: Optional[int] = None
-    min_low_hz: Optional[float] = None
-    min_band_hz: Optional[float] = None
+    # the options of its unit, any option not above, as the config writes them: the unit's code declares and reads
+    # them (models.unit_options: a cell's __init__ signature; cfg/README.md's table), bru_kaldi.network checks them
+    unit_options: dict[str, str] = field(default_factory=dict)
     arch_lr: float = 0.0008
     # per-epoch rates in pytorch-kaldi's compact form, "0.0004*10|0.0002*5": replaces arch_lr and turns
     # off the halving on dev plateaus (as pytorch-kaldi); empty: arch_lr with halving
     arch_lr_schedule: str = ""
     norm_momentum: float = 0.1  # batch norm: running statistics move by this fraction per batch
-    # input: inverted dropout on each layer's input, one mask per sequence; inside: pytorch-kaldi's place,
-    # on the candidate state of lstm/gru/ligru/rnn (one mask per sequence, not rescaled in training, x(1-p)
-    # in evaluation) and on the output of an mlp layer (per frame, inverted)
+    # input: inverted dropout on each layer's input, one mask per sequence; inside: pytorch-kaldi's place, where
+    # the unit has one (models.has_inner_dropout): on the candidate state of lstm/gru/ligru/rnn (one mask per
+    # sequence, not rescaled in training, x(1-p) in evaluation), on the output of an mlp layer (per frame, inverted)
     dropout_at: str = choice(*DROPOUT_PLACES, default="input")
     arch_halving_factor: float = 0.5
     arch_improvement_threshold: float = 0.001
@@ -343,7 +312,9 @@ class Decoding:
     """``[decoding]``: the decoder, its beams, the acoustic scales and insertion penalties tried on dev, the scoring."""
 
     decoder: str = choice(*DECODERS, default="auto")  # auto: Kaldi when its binaries are found
-    scoring: str = choice(*SCORINGS, default="timit")
+    # the corpus's scoring filter: plain, a corpus whose recipe keeps one (recipes/<corpus>/scoring_filter.txt:
+    # timit, wsj, ami) or a filter file's path (bru_kaldi.scoring)
+    scoring: str = "timit"
     min_active: int = 200
     max_active: int = 7000
     max_mem: int = 50000000
@@ -392,7 +363,9 @@ class Config:
 
 
 # --------------------------------------------------------------------------- value conversion
-def _scalar(text: str, kind, where: str):
+def parse_scalar(text: str, kind, where: str):
+    """``text`` as a ``kind`` (``bool``, ``int``, ``float``, ``str``); a :class:`ConfigError` naming ``where`` if it
+    is not one. Used for every value of the schema, and for the units' options (``bru_kaldi.network``)."""
     text = text.strip()
     if kind is bool:
         lowered = text.lower()
@@ -407,6 +380,11 @@ def _scalar(text: str, kind, where: str):
         raise ConfigError(f"{where}: expected {'an integer' if kind is int else 'a number' if kind is float else kind.__name__}, got {text!r}") from None
 
 
+def split_items(text: str) -> list[str]:
+    """The items of a list value, between commas or spaces: ``"0.1, 0.2 0.3"`` -> ``["0.1", "0.2", "0.3"]``."""
+    return [item for item in re.split(r"[,\s]+", text.strip()) if item]
+
+
 def _convert(cls, f: dataclasses.Field, text: str, where: str):
     kind = typing.get_type_hints(cls)[f.name]
     if typing.get_origin(kind) is typing.Union:  # Optional[X]: "none" is None
@@ -415,9 +393,8 @@ def _convert(cls, f: dataclasses.Field, text: str, where: str):
         (kind,) = (k for k in typing.get_args(kind) if k is not type(None))
     if typing.get_origin(kind) is list:
         (element,) = typing.get_args(kind)
-        items = [t for t in re.split(r"[,\s]+", text.strip()) if t]
-        return [_scalar(t, element, f"{where} (item {i + 1})") for i, t in enumerate(items)]
-    value = _scalar(text, kind, where)
+        return [parse_scalar(t, element, f"{where} (item {i + 1})") for i, t in enumerate(split_items(text))]
+    value = parse_scalar(text, kind, where)
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
@@ -432,12 +409,16 @@ def _unknown(what: str, name: str, known: Sequence[str], where: str) -> ConfigEr
     return ConfigError(f"{where}: unknown {what} {name!r}{hint}; accepted: {', '.join(sorted(known))}")
 
 
-def _fill(cls, options: dict, where: str, problems: list[str]):
-    """``cls`` from its options; every unknown option or bad value goes to ``problems`` (and keeps its default)."""
+def _fill(cls, options: dict, where: str, problems: list[str], rest: Optional[dict] = None):
+    """``cls`` from its options; every unknown option or bad value goes to ``problems`` (and keeps its default),
+    or an unknown option to ``rest`` (as text) where it is given."""
     known = {f.name: f for f in dataclasses.fields(cls)}
     values = {}
     for name, text in options.items():
         try:
+            if name not in known and rest is not None:
+                rest[name] = text.strip()
+                continue
             if name not in known:
                 raise _unknown("option", name, known, where)
             values[name] = _convert(cls, known[name], text, f"{where} option {name}")
@@ -562,7 +543,11 @@ def parse_config_text(text: str, overrides: Sequence[tuple[str, str, str]] = (),
         dataset = _fill(Dataset, options, where, problems)
         dataset.fea, dataset.lab = fea, lab
         datasets.append(dataset)
-    architectures = [_fill(Architecture, o, f"{source} [{n}]", problems) for n, o in numbered("architecture")]
+    architectures = []
+    for name, options in numbered("architecture"):
+        unit_options: dict[str, str] = {}  # checked by the unit, where the model is built (bru_kaldi.network)
+        architectures.append(_fill(Architecture, options, f"{source} [{name}]", problems, rest=unit_options))
+        architectures[-1].unit_options = unit_options
     config = Config(
         exp=single("exp"), datasets=datasets, data_use=single("data_use"), batches=single("batches"),
         architectures=architectures, model=single("model"), forward=single("forward"),
@@ -712,14 +697,6 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
                 add(f"{where} dropout_schedule: {error}")
         if not 0 < a.norm_momentum <= 1:
             add(f"{where} norm_momentum: expected a fraction in (0, 1], got {a.norm_momentum}")
-        for option in ("kernel_sizes", "pool_sizes"):
-            if any(v < 1 for v in getattr(a, option)):
-                add(f"{where} {option}: expected positive widths, got {getattr(a, option)}")
-        if a.sample_rate is not None and a.sample_rate < 1:
-            add(f"{where} sample_rate: expected a rate in Hz > 0, got {a.sample_rate}")
-        for option in ("min_low_hz", "min_band_hz"):
-            if getattr(a, option) is not None and not getattr(a, option) >= 0:
-                add(f"{where} {option}: expected a frequency in Hz >= 0, got {getattr(a, option)}")
         if not a.arch_lr > 0:
             add(f"{where} arch_lr: expected a positive learning rate, got {a.arch_lr}")
         if a.arch_warmup_steps < 0:
@@ -749,6 +726,10 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
     if config.forward.normalize_posteriors and config.forward.normalize_with_counts_from != config.model.senone_lab:
         add(f"{src} [forward] normalize_with_counts_from: the priors divide the senone posteriors, so it must "
             f"name [model] senone_lab = {config.model.senone_lab!r}, got {config.forward.normalize_with_counts_from!r}")
+    try:
+        scoring_filter(config.decoding.scoring)
+    except (ValueError, OSError) as error:
+        add(f"{src} [decoding] scoring: {error}")
     lab_names = {s.lab_name for d in config.datasets for s in d.lab}
     for option in ("senone_lab", "mono_lab"):
         value = getattr(config.model, option)
@@ -888,8 +869,33 @@ def option_default(section: str, option: str) -> Optional[str]:
     if option not in fields or option in ("fea", "lab"):
         return None
     f = fields[option]
+    if f.name == "unit_options":
+        return None
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     return _format(default)
+
+
+# A resolved config written before the units declared their own options listed every unit's options in every
+# [architectureN], those the config left to the unit as none, default or empty, except this one, whose default
+# the schema held then (bru's and libru's own now): read as left to the unit, so that such folders resume and
+# their runs stay seeds of one system with the runs written since.
+LEGACY_UNIT_DEFAULTS = {"form": "log"}
+
+
+def left_to_the_unit(section: str, option: str, value: str) -> bool:
+    """Whether ``[section] option = value`` of a resolved config is a unit's option (of an ``[architectureN]``,
+    not in the schema) left at the unit's own default: ``none`` or ``default`` (per layer too), empty, or what
+    an older resolved config wrote for it (:data:`LEGACY_UNIT_DEFAULTS`).
+
+    >>> left_to_the_unit("architecture1", "rho0", "None"), left_to_the_unit("architecture2", "activation", "default,default")
+    (True, True)
+    >>> left_to_the_unit("architecture1", "backward", "kalman"), left_to_the_unit("architecture1", "arch_lr", "none")
+    (False, False)
+    """
+    if re.sub(r"\d+$", "", section) != "architecture" or option in {f.name for f in dataclasses.fields(Architecture)}:
+        return False
+    return all(v.strip().lower() in ("none", "default", "") for v in value.split(",")) or \
+        LEGACY_UNIT_DEFAULTS.get(option) == value.strip()
 
 
 def _format(value) -> str:
@@ -899,7 +905,8 @@ def _format(value) -> str:
 
 
 def write_resolved(config: Config, path) -> None:
-    """Write the fully resolved config (every option, defaults included) as INI, atomically.
+    """Write the fully resolved config (every option, defaults included; of a unit's options, those the config
+    sets, the rest being the unit's defaults) as INI, atomically.
 
     The first line is a comment naming the config it was resolved from (``compare.py`` names runs by it).
     """
@@ -908,7 +915,9 @@ def write_resolved(config: Config, path) -> None:
     def section(name, obj, skip=()):
         lines.append(f"[{name}]")
         for f in dataclasses.fields(obj):
-            if f.name not in skip:
+            if f.name == "unit_options":  # an architecture's unit's options, each on a line of its own
+                lines.extend(f"{option} = {value}" for option, value in getattr(obj, f.name).items())
+            elif f.name not in skip:
                 lines.append(f"{f.name} = {_format(getattr(obj, f.name))}")
         lines.append("")
 

@@ -23,14 +23,18 @@ from __future__ import annotations
 import configparser
 import fcntl
 import json
+import logging
 import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from bru_kaldi.atomic import write_text_atomically
-from bru_kaldi.config import ConfigError, option_default
+from bru_kaldi.config import ConfigError, left_to_the_unit, option_default
+from bru_kaldi.feature_transforms import GlobalNorm
+
+log = logging.getLogger(__name__)
 
 
 class Experiment:
@@ -46,6 +50,7 @@ class Experiment:
         self.norm = self.folder / "feature_norm.npz"
         self.counts = self.folder / "pdf_counts"
         self.model = self.folder / "final.mdl"
+        self.derived = self.folder / "derived.json"  # the training data's fingerprint the three above came from
 
     @contextmanager
     def lock(self) -> Iterator[None]:
@@ -97,16 +102,52 @@ class Experiment:
     def derived_from(self, inputs: str) -> bool:
         """Whether the derived files (``feature_norm.npz``, ``pdf_counts``, ``final.mdl``) were computed from
         ``inputs`` (a fingerprint of the training data): ``derived.json`` records it, written after them."""
-        manifest = self.folder / "derived.json"
-        if not manifest.is_file() or not self.norm.is_file():
+        if not self.derived.is_file() or not self.norm.is_file():
             return False
         try:
-            return json.loads(manifest.read_text()).get("inputs") == inputs
+            return json.loads(self.derived.read_text()).get("inputs") == inputs
         except ValueError:
             return False
 
     def record_derived(self, inputs: str) -> None:
-        write_text_atomically(self.folder / "derived.json", json.dumps({"inputs": inputs}) + "\n")
+        """Record that the derived files now in the folder were computed from ``inputs``: call it last."""
+        write_text_atomically(self.derived, json.dumps({"inputs": inputs}) + "\n")
+
+    def training_norm(self, inputs: str, compute: Callable[[], GlobalNorm], save: bool = True) -> tuple[GlobalNorm, bool]:
+        """The global normalisation of the training features (``feature_norm.npz``), computed once.
+
+        ``inputs`` is a fingerprint of the training data (``bru_kaldi.corpus.fingerprint``). The folder's is
+        kept where the derived files were computed from those inputs, and where a folder older than that
+        record has begun training; else ``compute()`` gives it, saved when ``save`` (the main process). The
+        data changing under a folder whose training has begun is a :class:`ConfigError`: its weights would be
+        mixed with features normalised otherwise.
+
+        Returns ``(norm, current)``: with ``current`` False, write the other derived files (``pdf_counts``,
+        ``final.mdl``) and then :meth:`record_derived`, so that a run killed before that computes them all again.
+
+        >>> import numpy as np, tempfile
+        >>> exp, norm = Experiment(tempfile.mkdtemp()), GlobalNorm(np.zeros(2, np.float32), np.ones(2, np.float32))
+        >>> exp.training_norm("data v1", lambda: norm)[1]
+        False
+        >>> exp.record_derived("data v1"); exp.training_norm("data v1", lambda: None)[1]
+        True
+        """
+        current = self.derived_from(inputs)  # else: none yet, or computed from data that has changed since
+        if not current and self.norm.is_file() and self.trained_some():
+            if not self.derived.is_file():  # a folder older than the record: kept as it was
+                current = True
+            else:
+                raise ConfigError(f"{self.folder}: the training data changed since this experiment started (its "
+                                  f"files differ from those {self.norm} was computed from); use --force to train "
+                                  "again on them")
+        if current:
+            return GlobalNorm.load(self.norm), True
+        if self.norm.is_file():
+            log.warning("%s was computed from other training data (its inputs changed): computing it again", self.norm)
+        norm = compute()  # statistics of the training set only; dev and test get the same ones
+        if save:
+            norm.save(self.norm)
+        return norm, False
 
     def done(self, stage: str) -> bool:
         return (self.folder / ".done" / stage).is_file()
@@ -226,8 +267,14 @@ def check_same_experiment(exp: Experiment, resolved_text: str, source: str) -> N
                 if key[0] not in allowed or (allowed[key[0]] is not None and key[1] not in allowed[key[0]])}
 
     before, now = relevant(exp.resolved.read_text()), relevant(resolved_text)
-    # an option the toolkit gained after the folder was made changes nothing while it keeps its default
-    changed = sorted(k for k in set(before) | set(now) if before.get(k, option_default(*k)) != now.get(k))
+
+    def unchanged(key):
+        # an option the toolkit gained after the folder was made changes nothing while it keeps its default, nor
+        # does a unit's option left at the unit's default, however written (or not written)
+        old, new = before.get(key, option_default(*key)), now.get(key)
+        return old == new or all(v is None or left_to_the_unit(*key, v) for v in (old, new))
+
+    changed = sorted(k for k in set(before) | set(now) if not unchanged(k))
     if changed:
         def shown(section, option):
             old, new = before.get((section, option)), now.get((section, option))

@@ -32,63 +32,96 @@ data is read.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import inspect
+import typing
 from typing import Optional
 
 import torch
 
 import models
-from bru_kaldi.config import Architecture, Config, ConfigError, raise_problems
+from bru_kaldi.config import (Architecture, Config, ConfigError, left_to_the_unit, parse_scalar, raise_problems,
+                              split_items)
 from bru_kaldi.kaldi.alignments import label_kind
 from bru_kaldi.schedules import scheduled_dropout
 from models.acoustic import AcousticModel
 from models.norm import MaskedBatchNorm
 
 
-# fusionrnn's microphones are the architecture's input: only its first layer fuses them (the later layers keep
-# the unit's defaults, no fusion), as pytorch-kaldi's fusionRNN_jit
-FIRST_LAYER_OPTIONS = ("mics", "fusion_act", "fusion_reduce")
-# sru's options (models.sru), passed as they are
-SRU_OPTIONS = ("highway", "highway_bias", "skip", "rescale", "projection_size", "state_dropout")
+_LEFT = object()  # an option left at the unit's default (none, default)
 
 
-def unit_options(arch: Architecture, layer: int = 0) -> dict:
-    """The unit-specific keyword arguments for ``models.build`` that this architecture sets for its layer
-    ``layer`` (from 0: ``activation`` may be one per layer).
+def layer_options(arch: Architecture, layers: Optional[int] = None) -> list[dict]:
+    """The unit options ``arch`` sets (``arch.unit_options``, text as the config wrote it), one dict of keyword
+    arguments per layer (``layers``, by default one per size), each value read as the type its unit declares.
 
-    Options left at ``none`` (``default`` for ``activation``) keep the unit's own default; an option the unit
-    does not take is an error naming the units that do.
+    The unit's code is the one declaration of its options (:func:`models.unit_options`: a cell's ``__init__``
+    signature). Each option takes one value for every layer or one per layer; ``none`` or ``default`` leaves
+    the unit's own default (that layer's key is left out); the options of ``models.first_layer_options`` take one
+    value, for the first layer alone. An option the unit does not take is a :class:`ConfigError` naming the
+    units that do, or the closest name when none does, unless it is left to the unit
+    (:func:`bru_kaldi.config.left_to_the_unit`: an older resolved config reads back).
+
+    >>> from bru_kaldi.config import Architecture
+    >>> layer_options(Architecture(arch_name="a", unit="rnn", sizes=[4, 4], unit_options={"activation": "relu,default"}))
+    [{'activation': 'relu'}, {}]
     """
-    accepted = models.cell_options(arch.unit)
-    for name in CONV_OPTIONS:
-        if getattr(arch, name) not in (None, []):
-            raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no {name} option (units that do: "
-                              f"{'sincnet' if name in CONV_OPTIONS[2:] else ', '.join(models.CONV_UNITS)})")
-    options = {}
-    if "backward" in accepted:
-        options["backward"] = None if arch.backward == "none" else arch.backward
-    elif arch.backward != "none":
-        raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} has no backward recursion, "
-                          f"got backward = {arch.backward}")
-    if "form" in accepted:
-        options["form"] = arch.form
-    activation = arch.activation[layer if len(arch.activation) > 1 else 0]
-    if activation != "default":
-        if "activation" not in accepted:
-            raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no activation option")
-        options["activation"] = activation
-    for name in ("input_gate", "rho0", "tau11", "tau01") + FIRST_LAYER_OPTIONS + SRU_OPTIONS:
-        value = getattr(arch, name)
-        if name == "state_dropout":  # one per layer or one for all; empty: the unit's default
-            value = models.per_layer(name, value, len(arch.sizes))[layer] if value else None
-        if value is None:
-            continue
-        if name not in accepted:
-            takes = sorted(u for u in models.UNITS if name in models.cell_options(u))
-            raise ConfigError(f"architecture {arch.arch_name}: unit {arch.unit} takes no {name} option "
-                              f"(units that do: {', '.join(takes)})")
-        if layer == 0 or name not in FIRST_LAYER_OPTIONS:
-            options[name] = value
-    return options
+    where = f"architecture {arch.arch_name}"
+    declared = models.unit_options(arch.unit)
+    first_only = models.first_layer_options(arch.unit)
+    count = len(arch.sizes) if layers is None else layers
+    found: list[dict] = [{} for _ in range(count)]
+    for name, text in arch.unit_options.items():
+        if name not in declared and left_to_the_unit("architecture", name, text):
+            continue  # says nothing (an older resolved config lists every unit's options, left so)
+        if name not in declared:
+            raise _not_an_option(arch, name)
+        kind = _scalar_kind(declared[name])
+        items = split_items(text) or ["none"]
+        values = [_LEFT if item.lower() in ("none", "default") else parse_scalar(item, kind, f"{where} option {name}")
+                  for item in items]
+        if name in first_only:
+            if len(values) > 1:
+                raise ConfigError(f"{where}: {name} takes one value, its first layer's (unit {arch.unit}: the later "
+                                  f"layers keep the unit's default), got {text.strip()!r}")
+            values += [_LEFT] * (count - 1)
+        for options, value in zip(found, models.per_layer(name, values, count)):
+            if value is not _LEFT:
+                options[name] = value
+    for name, parameter in declared.items():
+        if parameter.default is parameter.empty and name not in found[0]:
+            raise ConfigError(f"{where} (unit {arch.unit}): {name} is required (the unit has no default for it)")
+    return found
+
+
+def _scalar_kind(parameter: inspect.Parameter) -> type:
+    """The type a config's values of this option are read as: its annotation's (``Optional[X]``, ``Union[X,
+    Sequence[X]]`` and ``Sequence[X]`` read as ``X``), else its default's; ``str`` when neither says."""
+    candidates = [parameter.annotation] if parameter.annotation is not parameter.empty else []
+    while candidates:
+        kind = candidates.pop(0)
+        if kind in (bool, int, float, str):
+            return kind
+        candidates += [a for a in typing.get_args(kind) if a is not type(None)]
+    default = parameter.default
+    return type(default) if isinstance(default, (bool, int, float, str)) else str
+
+
+def _not_an_option(arch: Architecture, name: str) -> ConfigError:
+    """The error for ``[architectureN] name`` that ``arch``'s unit does not take: an option of other units
+    (naming them), or of none (naming the closest option of any)."""
+    units = models.UNITS + models.CONV_UNITS
+    takes = sorted(u for u in units if name in models.unit_options(u))
+    where = f"architecture {arch.arch_name}"
+    if takes:
+        return ConfigError(f"{where}: unit {arch.unit} takes no {name} option (units that do: {', '.join(takes)})")
+    known = [f.name for f in dataclasses.fields(Architecture) if f.name != "unit_options"]
+    close = difflib.get_close_matches(name, known + sorted({o for u in units for o in models.unit_options(u)}), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    own = ", ".join(models.unit_options(arch.unit)) or "none"
+    return ConfigError(f"{where}: unknown option {name!r}{hint}; an [architectureN] takes those of "
+                       f"bru_kaldi.config.Architecture and its unit's ({arch.unit}: {own})")
 
 
 def check_architectures(config: Config) -> None:
@@ -110,56 +143,32 @@ def check_architectures(config: Config) -> None:
             arch.dropout = models.per_layer("dropout", arch.dropout, n)
             arch.norm = [None if v is None or str(v).lower() == "none" else v for v in models.per_layer("norm", arch.norm, n)]
             arch.bidirectional = models.per_layer("bidirectional", arch.bidirectional, n)
-            arch.activation = models.per_layer("activation", arch.activation, n)
             with torch.random.fork_rng(devices=[]):  # the check must not move the seeded initial weights
-                _build_stack(arch, _conv_check_size(arch, n) if arch.unit in models.CONV_UNITS
-                             else arch.mics or 1, [1] * n)  # fusionrnn: an input of `mics` microphones
-        except ValueError as error:  # ConfigError from unit_options too
+                _build_stack(arch, models.smallest_input(arch.unit, layer_options(arch)), [1] * n)
+        except ValueError as error:  # ConfigError from layer_options too
             problems.append(f"{where}: {error}")
     if len(set(config.model.stack)) != len(config.model.stack):
         problems.append(f"{config.source} [model] stack: an architecture appears twice: {config.model.stack}")
     raise_problems(problems, config.source)
 
 
-# Units whose cells take pytorch-kaldi's dropout place (models.gated.InnerDropout, and the mlp's output).
-INNER_DROPOUT_UNITS = ("lstm", "gru", "ligru", "rnn", "mlp", "qlstm", "fusionrnn")
-
-
-# The options of the frame-wise convolutional units (models.conv), the last three sincnet's only.
-CONV_OPTIONS = ("kernel_sizes", "pool_sizes", "sample_rate", "min_low_hz", "min_band_hz")
-
-
-def _conv_check_size(arch: Architecture, n: int) -> int:
-    """An input width every layer of ``arch`` (a conv unit, ``n`` layers) can read, for the check before any data
-    is read: from 2 values at the last layer's output (what a layer norm needs), back through each layer."""
-    kernels = models.per_layer("kernel_sizes", arch.kernel_sizes or [1], n)
-    pools = models.per_layer("pool_sizes", arch.pool_sizes or [1], n)
-    width = 2
-    for kernel, pool in zip(reversed(kernels), reversed(pools)):
-        width = width * max(pool, 1) + max(kernel, 1)  # one more than needed: an even sinc kernel grows by one
-    return width
-
-
 def _build_conv_stack(arch: Architecture, input_size: int, sizes):
     """``arch``'s ``cnn`` / ``sincnet`` stack (:func:`models.build_conv_stack`): ``dropout_at = inside`` is
     pytorch-kaldi's place, each layer's output after its activation; ``input`` each layer's input."""
     where = f"architecture {arch.arch_name} (unit {arch.unit})"
-    if not arch.kernel_sizes:
-        raise ConfigError(f"{where}: kernel_sizes is required (the convolution's width, per layer or one for all)")
     if any(arch.bidirectional):
         raise ConfigError(f"{where}: bidirectional = True: a frame-wise convolution has no direction")
-    for name in ("backward", "input_gate", "rho0", "tau11", "tau01"):
-        if getattr(arch, name) not in (None, "none"):
-            raise ConfigError(f"{where} takes no {name} option")
-    sinc = {name: getattr(arch, name) for name in CONV_OPTIONS[2:] if getattr(arch, name) is not None}
-    if sinc and arch.unit != "sincnet":
-        raise ConfigError(f"{where} takes no {', '.join(sinc)} option (units that do: sincnet)")
+    per_layer = layer_options(arch, len(sizes))
+    declared, first_only = models.unit_options(arch.unit), models.first_layer_options(arch.unit)
+    # build_conv_stack takes each option as one list over the layers, the first layer's alone as a value
+    options = {name: [layer.get(name, declared[name].default) for layer in per_layer]
+               for name in declared if name not in first_only and any(name in layer for layer in per_layer)}
+    options.update({name: value for name, value in per_layer[0].items() if name in first_only})
     try:
         stack = models.build_conv_stack(
-            arch.unit, input_size, sizes, kernel_sizes=arch.kernel_sizes, pool_sizes=arch.pool_sizes or 1,
-            dropout=arch.dropout, norm=arch.norm, activation=["relu" if a == "default" else a for a in arch.activation],
+            arch.unit, input_size, sizes, dropout=arch.dropout, norm=arch.norm,
             dropout_at="output" if arch.dropout_at == "inside" else "input",
-            input_norm=None if arch.input_norm == "none" else arch.input_norm, **sinc)
+            input_norm=None if arch.input_norm == "none" else arch.input_norm, **options)
     except ValueError as error:
         raise ConfigError(f"{where} reading {input_size} values per frame: {error}") from None
     for module in stack.modules():
@@ -174,11 +183,12 @@ def _build_stack(arch: Architecture, input_size: int, sizes):
     if arch.unit in models.CONV_UNITS:
         return _build_conv_stack(arch, input_size, sizes)
     inside = arch.dropout_at == "inside"
-    if inside and arch.unit not in INNER_DROPOUT_UNITS and any(arch.dropout):
+    if inside and not models.has_inner_dropout(arch.unit) and any(arch.dropout):
+        takes = [unit for unit in models.UNITS + models.CONV_UNITS if models.has_inner_dropout(unit)]
         raise ConfigError(f"dropout_at = inside: unit {arch.unit} has no candidate state to drop "
-                          f"(units that do: {', '.join(INNER_DROPOUT_UNITS)})")
+                          f"(units that do: {', '.join(takes)})")
     stack = models.build_stack(arch.unit, input_size, sizes, dropout=0.0 if inside else arch.dropout, norm=arch.norm,
-                               bidirectional=arch.bidirectional, options=[unit_options(arch, i) for i in range(len(sizes))],
+                               bidirectional=arch.bidirectional, options=layer_options(arch, len(sizes)),
                                input_norm=None if arch.input_norm == "none" else arch.input_norm)
     for layer, p in zip(stack.layers, arch.dropout):
         for cell in getattr(layer, "cells", ()):

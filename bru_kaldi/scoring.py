@@ -1,13 +1,14 @@
 """Error rates from Kaldi ``text`` files: WER/PER with Kaldi's ins/del/sub counts, per utterance.
 
-Alignment is kaldialign's (the same counts as Kaldi's ``compute-wer``). Each corpus has its own
-token filter, applied to references and hypotheses alike before alignment:
+Alignment is kaldialign's (the same counts as Kaldi's ``compute-wer``). Before alignment, references and
+hypotheses alike go through the corpus's scoring filter, ``[decoding] scoring``: ``plain`` (tokens as they
+are), or a filter file. A filter belongs to its corpus, not to the library: it is data, kept by the corpus's
+recipe as ``recipes/<corpus>/scoring_filter.txt`` and named by the corpus (``timit``: the 48 training phones
+folded to the 39 scoring classes; ``wsj``: the noise words dropped; ``ami``: hesitations and noise markers
+dropped), or any file given by its path. The format, one rule a line, ``#`` to the end of a line a comment::
 
-* ``timit``: phones folded from the 48-phone training set to the 39 scoring classes
-  (Lee and Hon 1989, as Kaldi's TIMIT recipe, ``conf/phones.60-48-39.map``);
-* ``wsj``: ``<NOISE>`` and ``<SPOKEN_NOISE>`` removed, as Kaldi's WSJ scoring does;
-* ``ami``: hesitations and noise markers removed (``%HESITATION``, ``<unk>``, ``[noise]``, ...);
-* ``plain``: tokens as they are (the built-in corpus).
+    uh ah          # the token on the left is scored as the one on the right
+    [cough]        # a token alone is not scored
 
 An utterance with a reference but no hypothesis (a failed decode, or every token filtered away)
 counts as all deletions and is listed in :attr:`Score.missing`; it is never dropped silently.
@@ -21,6 +22,8 @@ counts as all deletions and is listed in :attr:`Score.missing`; it is never drop
 
 from __future__ import annotations
 
+import difflib
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -29,28 +32,77 @@ import kaldialign
 
 from bru_kaldi.atomic import write_text_atomically
 
-# The 9 merges from the 48 TIMIT training phones to the 39 scoring classes (Lee and Hon 1989);
-# every other phone maps to itself.
-TIMIT_48_TO_39 = {
-    "ao": "aa", "ax": "ah", "el": "l", "en": "n", "ix": "ih", "zh": "sh",
-    "cl": "sil", "vcl": "sil", "epi": "sil",
-}
-WSJ_DROP = frozenset({"<NOISE>", "<SPOKEN_NOISE>"})
-AMI_DROP = frozenset({"%HESITATION", "<unk>", "<UNK>", "[noise]", "[laughter]", "[vocalized-noise]"})
-SCORINGS = ("timit", "wsj", "ami", "plain")
+# Where a corpus's recipe keeps its scoring filter: a name in [decoding] scoring is <RECIPES>/<name>/<FILTER_FILE>.
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+FILTER_FILE = "scoring_filter.txt"
+PLAIN = "plain"  # no filter
+
+
+@dataclass(frozen=True)
+class TokenFilter:
+    """A scoring filter: tokens scored as others (``fold``), tokens not scored (``drop``); see the module docstring.
+
+    >>> TokenFilter({"uh": "ah"}, frozenset({"[cough]"}))("uh [cough] b".split())
+    ['ah', 'b']
+    """
+
+    fold: Mapping[str, str] = field(default_factory=dict)
+    drop: frozenset = frozenset()
+
+    def __call__(self, tokens: Iterable[str]) -> list[str]:
+        return [self.fold.get(t, t) for t in tokens if t not in self.drop]
+
+
+def read_filter(path) -> TokenFilter:
+    """A filter file (the module docstring's format); a line of more than two tokens, or a token given two
+    rules, is a ``ValueError`` naming the file and the line."""
+    fold, drop, seen = {}, set(), {}
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if len(fields) > 2 or fields[0] in seen:
+            why = "expected 'token' or 'token replacement'" if len(fields) > 2 else f"{fields[0]} has a rule on line {seen.get(fields[0])}"
+            raise ValueError(f"{path}:{number}: {why}, got {line.strip()!r}")
+        seen[fields[0]] = number
+        if len(fields) == 2:
+            fold[fields[0]] = fields[1]
+        else:
+            drop.add(fields[0])
+    return TokenFilter(fold, frozenset(drop))
+
+
+def corpus_filters() -> list[str]:
+    """The corpora whose recipe keeps a scoring filter (``recipes/<corpus>/scoring_filter.txt``)."""
+    return sorted(p.parent.name for p in RECIPES.glob(f"*/{FILTER_FILE}"))
+
+
+def filter_path(scoring: str) -> Path | None:
+    """The filter file ``[decoding] scoring`` names: ``None`` for ``plain``, a corpus's recipe's, or a path to one.
+    Raises ``ValueError`` naming what is accepted when it is none of them."""
+    if scoring == PLAIN:
+        return None
+    recipe = RECIPES / scoring / FILTER_FILE
+    if "/" not in scoring and recipe.is_file():
+        return recipe
+    if Path(scoring).is_file():
+        return Path(scoring)
+    close = difflib.get_close_matches(scoring, corpus_filters(), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"scoring {scoring!r}{hint} is neither {PLAIN}, a corpus whose recipe keeps a scoring filter "
+                     f"({', '.join(corpus_filters())}: recipes/<corpus>/{FILTER_FILE}) nor a filter file")
+
+
+@functools.lru_cache(maxsize=None)
+def scoring_filter(scoring: str) -> TokenFilter:
+    """The filter ``[decoding] scoring`` names (:func:`filter_path`), read once."""
+    path = filter_path(scoring)
+    return TokenFilter() if path is None else read_filter(path)
 
 
 def filter_tokens(tokens: Iterable[str], scoring: str) -> list[str]:
-    """Apply a corpus's scoring filter to a token sequence (see the module docstring)."""
-    if scoring == "timit":
-        return [TIMIT_48_TO_39.get(t, t) for t in tokens]
-    if scoring == "wsj":
-        return [t for t in tokens if t not in WSJ_DROP]
-    if scoring == "ami":
-        return [t for t in tokens if t not in AMI_DROP]
-    if scoring == "plain":
-        return list(tokens)
-    raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    """Apply the scoring filter ``scoring`` names (:func:`filter_path`) to a token sequence."""
+    return scoring_filter(scoring)(tokens)
 
 
 @dataclass
@@ -141,12 +193,16 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     filtering = commands.add_parser("filter", help="apply a corpus filter to a Kaldi text stream on stdin")
-    filtering.add_argument("scoring", choices=SCORINGS)
+    filtering.add_argument("scoring", help=f"{PLAIN}, a corpus with a filter in its recipe ({', '.join(corpus_filters())}) or a filter file")
     scorer = commands.add_parser("score", help="score a hypothesis text file against a reference text file")
-    scorer.add_argument("--scoring", choices=SCORINGS, default="plain")
+    scorer.add_argument("--scoring", default=PLAIN, help="as for filter")
     scorer.add_argument("ref")
     scorer.add_argument("hyp")
     args = parser.parse_args(argv)
+    try:
+        scoring_filter(args.scoring)
+    except (ValueError, OSError) as error:
+        parser.error(str(error))
     if args.command == "filter":
         for line in sys.stdin:
             parts = line.split()

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Score lattices from decode_dnn.sh against a Kaldi data dir's text, for a grid of LM weights and
 # word insertion penalties, as Kaldi's steps/score_kaldi.sh does: one wer_LMWT_WIP file each.
-# The corpus filter (TIMIT 48 -> 39 folding, WSJ/AMI noise tokens) is bru_kaldi/scoring.py's, applied to
-# references and hypotheses alike. Choose LMWT and WIP on dev, then score test with exactly those
+# The corpus's scoring filter (TIMIT's 48 -> 39 folding, WSJ's and AMI's noise tokens: each corpus's
+# recipes/<corpus>/scoring_filter.txt, or a filter file), applied by bru_kaldi/scoring.py to references and
+# hypotheses alike. Choose LMWT and WIP on dev, then score test with exactly those
 # (--min-lmwt N --max-lmwt N --wip W): never choose them on test.
 
 # Begin configuration section.
 min_lmwt=1
 max_lmwt=10
 wip="0.0 0.5 1.0"
-scoring=plain       # timit | wsj | ami | plain
+scoring=plain       # plain, a corpus with recipes/<corpus>/scoring_filter.txt (timit, wsj, ami), or a filter file
 # End configuration section.
 
 set -euo pipefail
@@ -21,7 +22,7 @@ Usage: $0 [options] <data-dir> <graph-dir> <decode-dir>
  e.g.: $0 --scoring timit data/dev exp/tri3/graph exp/TIMIT_liBRU/decode_dev
 Options (defaults in brackets):
   --min-lmwt N [$min_lmwt]   --max-lmwt N [$max_lmwt]   --wip "W ..." [$wip]
-  --scoring timit|wsj|ami|plain [$scoring]
+  --scoring plain|timit|wsj|ami|FILTER-FILE [$scoring]
 USAGE
   exit 1
 }
@@ -58,7 +59,7 @@ for job in $(seq "$num_jobs"); do
   [ -f "$dir/lat.$job.gz" ] || { echo "$0: Error: no such file $dir/lat.$job.gz" >&2; exit 1; }
 done
 
-# the filter is the toolkit's own (bru_kaldi/scoring.py), found from the folder above this script, run by
+# the filter is applied by the toolkit (bru_kaldi/scoring.py), found from the folder above this script, run by
 # the interpreter that runs run_exp.py ($PYTHON, which run_exp.py sets): a bare `python` on PATH may be
 # another environment's, without kaldialign
 filter() { PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m bru_kaldi.scoring filter "$scoring"; }

@@ -35,8 +35,6 @@ and monophone outputs).
 
 Adding a unit
 -------------
-A unit without a fast path touches two files:
-
 1. **Its cell**, in its family's module (``models/gated.py`` for another baseline) or in a new
    ``models/<family>.py``: a subclass of :class:`models.recurrent.Cell`, or of
    :class:`models.recurrent.RecurrentMatrixCell` when it has a recurrent matrix ``U`` (``(G*H, H)``,
@@ -44,22 +42,36 @@ A unit without a fast path touches two files:
    and defines ``initial_state(proj)`` and ``step(proj_t, state) -> (emitted, new_state)``, one time
    step with the paper's equation numbers in comments; ``finish`` too if it has a backward
    recursion, and ``probabilities`` if what ``posteriors()`` returns follows from its output (as
-   ``h = exp(log h)`` for Li-BRU: formed only when asked). Its unit-specific options are the keyword arguments of its ``__init__`` (validated
-   there, with a ``ValueError`` naming the allowed values), and ``variants`` lists the option
-   settings besides the defaults that the tests should sweep. Projection, norm, dropout, bidirection
+   ``h = exp(log h)`` for Li-BRU: formed only when asked). Projection, norm, dropout, bidirection
    and padding are the layer's: the cell never sees them.
-2. **This file**: one line in ``_CELLS`` below, the name users write in ``[architectureN] unit`` (lower
-   case) -> the cell class.
-
-Nothing else registers it. Configs accept the name (checked when ``bru_kaldi.network`` builds the
-model, before any data is read), ``build`` and ``build_stack`` build it, and these tests pick it up
-from :data:`UNITS` and :func:`variants`, never from a list of their own: ``tests/test_units.py``
-(shapes, padded frames zero and without influence, step-by-step equals whole sequence,
-bidirectional width and reversal, float64 gradcheck for inputs and every parameter, stability over
-long sequences, eval-mode determinism) and ``tests/test_fast_recurrences.py`` (fast path or fallback
-equals the reference loop). ``tests/test_unit_equations.py`` fails for a unit that has no independent
-reference: give it a float64 NumPy transcription of the paper's equations there (written from the
-paper, not from the cell). A fast path is optional and lives in ``models/fast/`` (its docstring).
+2. **Its options**: the keyword arguments of its ``__init__`` after ``hidden_size``, each with a type
+   annotation (what a config's text is read as: ``bool``, ``int``, ``float``, ``str``, or ``Optional[str] =
+   None`` where ``None`` is a setting) and a default, validated there with a ``ValueError`` naming the
+   allowed values. That signature is the one declaration (:func:`unit_options`): ``build`` checks against
+   it, and a config's ``[architectureN]`` accepts each option by that name, typed, one value for every layer
+   or one per layer, with nothing else to edit (``bru_kaldi.network`` reads it; ``bru_kaldi.config`` keeps
+   what it does not know as the unit's).
+3. **Class attributes**, where they apply: ``variants``, the option settings besides the defaults that
+   the tests sweep; ``has_posteriors`` for a Bayesian unit; an ``inner_dropout`` attribute (the
+   :class:`models.gated.InnerDropout` mixin) if it takes pytorch-kaldi's dropout place (``dropout_at =
+   inside``, :func:`has_inner_dropout`); ``options_first_layer_only`` if a stack's first layer alone takes
+   its options (:func:`first_layer_options`), and ``smallest_input`` if a layer cannot read an input of
+   width 1 (``fusionrnn``'s microphones); ``layer_class`` if its layer is not the plain
+   :class:`models.recurrent.RecurrentLayer` (another projection: ``sru``, ``qlstm``, ``fusionrnn``).
+4. **Its name**: one line in ``_CELLS`` below, the name users write in ``[architectureN] unit`` (lower
+   case) -> the cell class. A unit defined outside this package is registered with :func:`register_unit`
+   instead (``tests/test_unit_options.py`` trains such a unit from a config).
+5. **Its reference**: ``tests/test_unit_equations.py`` fails for a unit that has no independent reference:
+   give it a float64 NumPy transcription of the paper's equations there (written from the paper, not from
+   the cell). The other unit tests pick the unit up from :data:`UNITS` and :func:`variants`, never from a
+   list of their own: ``tests/test_units.py`` (shapes, padded frames zero and without influence,
+   step-by-step equals whole sequence, bidirectional width and reversal, float64 gradcheck for inputs and
+   every parameter, stability over long sequences, eval-mode determinism) and
+   ``tests/test_fast_recurrences.py`` (fast path or fallback equals the reference loop).
+6. **Its documentation**: a row in README.md's unit table ("Recurrent units") and in the table above, and
+   each option in ``cfg/README.md``'s table of unit options with the values it takes;
+   ``tests/test_unit_options.py`` fails until both list it as the code declares it.
+7. Optionally a fast path, in ``models/fast/`` (its docstring), and a config in ``cfg/``.
 
 Frame-wise convolutional stacks (``CONV_UNITS``: ``cnn``, ``sincnet``, pytorch-kaldi's ``CNN`` and ``SincNet``)
 are not cells: each frame's input vector is one 1-D signal, convolved, pooled and flattened. They live in
@@ -81,6 +93,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from models import conv
 from models.bru import BRUCell, LiBRUCell
 from models.conv import CONV_UNITS, ConvStack, build_conv_stack
 from models.fusion import FusionLiGRUCell
@@ -113,6 +126,9 @@ class UBRULayer(RecurrentLayer):
     @property
     def tau01(self) -> torch.Tensor:
         return self.cells[0].tau01
+
+
+UBRUCell.layer_class = UBRULayer  # models.build builds a ubru layer with it
 
 
 # The registry: the name a config writes -> the cell class. One line per unit (see "Adding a unit").
@@ -160,12 +176,65 @@ def _unknown(kind: str, value: str, accepted: Sequence[str]) -> ValueError:
     return ValueError(f"unknown {kind} {value!r}{hint}; expected one of {', '.join(accepted)}")
 
 
-def cell_options(unit: str) -> tuple[str, ...]:
-    """The unit-specific options ``build`` accepts for ``unit`` (e.g. ``backward`` for ``ubru``)."""
+def register_unit(name: str, cell: type[Cell]) -> None:
+    """Make ``cell`` (a :class:`Cell` subclass) the unit ``name`` (lower case, not taken), as a line of
+    ``_CELLS`` does for the units of this package: for a unit defined elsewhere (another project, a test).
+    From then on ``build`` builds it and configs accept it with its options (:func:`unit_options`)."""
+    global UNITS, BAYESIAN_UNITS
+    if not (isinstance(name, str) and name.isidentifier() and name == name.lower()):
+        raise ValueError(f"a unit's name is a lower-case identifier, got {name!r}")
+    if name in UNITS or name in CONV_UNITS:
+        raise ValueError(f"unit {name!r} exists already")
+    if not (isinstance(cell, type) and issubclass(cell, Cell)):
+        raise TypeError(f"unit {name!r}: expected a subclass of models.recurrent.Cell, got {cell!r}")
+    _CELLS[name] = cell
+    UNITS = tuple(_CELLS) + tuple(_VENDOR)
+    BAYESIAN_UNITS = tuple(n for n, c in _CELLS.items() if c.has_posteriors)
+
+
+def unit_options(unit: str) -> dict[str, inspect.Parameter]:
+    """The options ``unit`` takes, as its code declares them: option name -> ``inspect.Parameter`` (its
+    ``default``, ``Parameter.empty`` where it is required, and its ``annotation``, the type a config's text
+    is read as). A cell's are the keyword arguments of its ``__init__`` after ``hidden_size``; ``cnn``'s
+    and ``sincnet``'s those of :func:`models.conv.conv_options`; the vendor units take none. This is the one
+    declaration of each option: ``build``, the configs (``bru_kaldi.network``) and the docs' tables read it.
+
+    >>> {name: p.default for name, p in unit_options("ubru").items()}
+    {'backward': None, 'rho0': 0.5, 'tau11': 0.9, 'tau01': 0.1}
+    """
+    if unit in CONV_UNITS:
+        return conv.conv_options(unit)
+    if unit in _VENDOR:
+        return {}
     if unit not in _CELLS:
-        return ()
-    params = inspect.signature(_CELLS[unit].__init__).parameters
-    return tuple(name for name in params if name not in ("self", "hidden_size"))
+        raise _unknown("unit", str(unit), UNITS + CONV_UNITS)
+    params = inspect.signature(_CELLS[unit].__init__, eval_str=True).parameters
+    return {name: p for name, p in params.items() if name not in ("self", "hidden_size")
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def first_layer_options(unit: str) -> tuple[str, ...]:
+    """The options of ``unit`` that only its first layer takes (the later layers keep the defaults): all of a
+    cell's with ``options_first_layer_only`` (``fusionrnn``'s microphones), ``sincnet``'s sinc filters."""
+    if unit in CONV_UNITS:
+        return tuple(conv.first_layer_options(unit))
+    return tuple(unit_options(unit)) if getattr(_CELLS.get(unit), "options_first_layer_only", False) else ()
+
+
+def has_inner_dropout(unit: str) -> bool:
+    """Whether ``unit`` has pytorch-kaldi's dropout place (a config's ``dropout_at = inside``): a cell with an
+    ``inner_dropout`` attribute (:class:`models.gated.InnerDropout`, the mlp's output), the conv units'
+    dropout after each activation."""
+    return unit in CONV_UNITS or hasattr(_CELLS.get(unit), "inner_dropout")
+
+
+def smallest_input(unit: str, options: Sequence[dict]) -> int:
+    """An input width a stack of ``unit`` with these options (one dict per layer) reads: what the check of a
+    config's architectures builds its throwaway layers with, before the data says the real width."""
+    if unit in CONV_UNITS:
+        return conv.smallest_input(options)
+    cell = _CELLS.get(unit)
+    return cell.smallest_input(options[0] if options else {}) if cell is not None else 1
 
 
 def build(
@@ -186,9 +255,8 @@ def build(
         bidirectional: a second direction with its own weights (output ``2H``).
         dropout: inverted dropout on the layer input, one mask per sequence shared over time.
         norm: ``None``, ``"batch"`` or ``"layer"`` on the feed-forward projections.
-        **options: unit-specific, see ``cell_options(unit)``; e.g. ``backward`` (``ubru``: ``None``,
-            ``"kalman"``, ``"hmm"``; ``ubru_tpami``: ``None``, ``"unit"``; ``lbru``: ``None``, ``"layer"``),
-            ``form`` (``bru``/``libru``: ``"log"``, ``"prob"``), ``activation`` (``rnn``/``mlp``).
+        **options: unit-specific, the keyword arguments of its cell (:func:`unit_options`); e.g. ``backward``
+            (``ubru``: ``None``, ``"kalman"``, ``"hmm"``), ``form`` (``bru``/``libru``: ``"log"``, ``"prob"``).
 
     Returns:
         A module with ``forward(x, lengths)``, ``input_size`` and ``output_size``.
@@ -201,15 +269,15 @@ def build(
         if options:
             raise ValueError(f"{unit} takes no unit-specific options, got {sorted(options)}")
         return VendorRNN(_VENDOR[unit], input_size, hidden_size, bidirectional, dropout, norm)
-    accepted = cell_options(unit)
+    accepted = tuple(unit_options(unit))
     for name in options:
         if name not in accepted:
             raise _unknown(f"option for {unit}", name, accepted or ("(none)",))
     if unit == "mlp" and bidirectional:
         raise ValueError("mlp is frame-wise and has no direction: bidirectional must be False")
     cell_factory = functools.partial(_CELLS[unit], hidden_size, **options)
-    # a cell whose projection is not a plain matrix (sru, qlstm) names its layer class
-    layer_class = UBRULayer if unit == "ubru" else getattr(_CELLS[unit], "layer_class", RecurrentLayer)
+    # a cell whose layer is not the plain one (ubru's properties; sru's, qlstm's, fusionrnn's projections) names it
+    layer_class = getattr(_CELLS[unit], "layer_class", RecurrentLayer)
     return layer_class(cell_factory, input_size, hidden_size, bidirectional, dropout, norm)
 
 
@@ -254,5 +322,6 @@ def build_stack(
     return RecurrentStack(layers, input_norm)
 
 
-__all__ = ["UNITS", "BAYESIAN_UNITS", "CONV_UNITS", "build", "build_stack", "build_conv_stack", "cell_options", "per_layer",
-           "variants", "ConvStack", "RecurrentLayer", "RecurrentStack", "UBRULayer"]
+__all__ = ["UNITS", "BAYESIAN_UNITS", "CONV_UNITS", "build", "build_stack", "build_conv_stack", "first_layer_options",
+           "has_inner_dropout", "per_layer", "register_unit", "smallest_input", "unit_options", "variants", "ConvStack",
+           "RecurrentLayer", "RecurrentStack", "UBRULayer"]

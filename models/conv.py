@@ -31,6 +31,7 @@ torch.Size([2, 5, 48])
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Optional, Sequence, Union
 
@@ -271,6 +272,10 @@ class ConvStack(nn.Module):
         return h.new_zeros(B, T, h.size(1)).masked_scatter(mask[..., None], h)
 
 
+# What build_conv_stack takes that every layer has (as a recurrent stack's layers): not a unit's option.
+LAYER_PARAMETERS = ("dropout", "norm", "dropout_at", "input_norm")
+
+
 def build_conv_stack(
     unit: str,
     input_size: int,
@@ -283,15 +288,13 @@ def build_conv_stack(
     activation: Union[str, Sequence[str]] = "relu",
     dropout_at: str = "output",
     input_norm: Optional[str] = None,
-    sample_rate: float = 16000,
-    min_low_hz: float = 50,
-    min_band_hz: float = 50,
+    **sinc,
 ) -> ConvStack:
     """A ``cnn`` or ``sincnet`` stack over frames of ``input_size`` values: ``sizes`` filters per layer, and
     per layer (one value for all, or one each) ``kernel_sizes``, ``pool_sizes``, ``dropout``, ``norm``
     (``None``, ``"batch"``, ``"layer"``), ``activation`` (a name of ``models.gated.ACTIVATIONS``).
-    ``sincnet``'s first layer is a :class:`SincConv` (``sample_rate``, ``min_low_hz``, ``min_band_hz`` in Hz);
-    ``cnn`` takes none of those three.
+    ``sincnet``'s first layer is a :class:`SincConv`, and ``sinc`` its keyword arguments (``sample_rate``,
+    ``min_low_hz``, ``min_band_hz`` in Hz); ``cnn`` takes none. :func:`conv_options` lists each unit's options.
 
     Shapes: ``(B, T, input_size)`` -> ``(B, T, output_size)``.
 
@@ -301,20 +304,26 @@ def build_conv_stack(
     """
     if unit not in CONV_UNITS:
         raise ValueError(f"unknown convolutional unit {unit!r}; expected one of {', '.join(CONV_UNITS)}")
+    wrong = sorted(set(sinc) - set(first_layer_options(unit)))
+    if wrong:
+        raise TypeError(f"{unit} takes no option {', '.join(wrong)}; its options: {', '.join(conv_options(unit))}")
     count = len(sizes)
     if count == 0:
         raise ValueError("sizes must name at least one layer (filters per layer)")
     kernels = per_layer("kernel_sizes", kernel_sizes, count)
     pools = per_layer("pool_sizes", pool_sizes, count)
+    for name, widths in (("kernel_sizes", kernels), ("pool_sizes", pools)):
+        if any(width < 1 for width in widths):
+            raise ValueError(f"{name}: expected positive widths, got {widths}")
     dropouts = per_layer("dropout", dropout, count)
     norms = per_layer("norm", norm, count)
     activations = per_layer("activation", activation, count)
     channels, length, layers = 1, input_size, []
     for i in range(count):
-        sinc = dict(sample_rate=sample_rate, min_low_hz=min_low_hz, min_band_hz=min_band_hz) if unit == "sincnet" and i == 0 else None
+        first_sinc = sinc if unit == "sincnet" and i == 0 else None
         try:
             layer = ConvLayer(channels, length, sizes[i], kernels[i], pools[i], norms[i], activations[i], dropouts[i],
-                              dropout_at, sinc)
+                              dropout_at, first_sinc)
         except ValueError as error:
             raise ValueError(f"layer {i + 1} of {count}: {error}") from None
         layers.append(layer)
@@ -322,4 +331,40 @@ def build_conv_stack(
     return ConvStack(layers, input_norm)
 
 
-__all__ = ["CONV_UNITS", "ChannelLayerNorm", "ConvLayer", "ConvStack", "SincConv", "build_conv_stack"]
+def conv_options(unit: str) -> dict[str, inspect.Parameter]:
+    """The options of ``unit`` (``cnn`` or ``sincnet``) as the code declares them, name -> ``inspect.Parameter``:
+    the keyword-only parameters of :func:`build_conv_stack` that are not every layer's (:data:`LAYER_PARAMETERS`),
+    and for ``sincnet`` those of :class:`SincConv` after ``kernel_size`` (its first layer's only).
+
+    >>> list(conv_options("cnn")), list(conv_options("sincnet"))[3:]
+    (['kernel_sizes', 'pool_sizes', 'activation'], ['sample_rate', 'min_low_hz', 'min_band_hz'])
+    """
+    if unit not in CONV_UNITS:
+        raise ValueError(f"unknown convolutional unit {unit!r}; expected one of {', '.join(CONV_UNITS)}")
+    stack = inspect.signature(build_conv_stack, eval_str=True).parameters.values()
+    options = {p.name: p for p in stack if p.kind is p.KEYWORD_ONLY and p.name not in LAYER_PARAMETERS}
+    if unit == "sincnet":
+        options.update(first_layer_options(unit))
+    return options
+
+
+def first_layer_options(unit: str) -> dict[str, inspect.Parameter]:
+    """The options of ``unit`` that only its first layer takes: ``sincnet``'s :class:`SincConv` parameters."""
+    if unit != "sincnet":
+        return {}
+    sinc = inspect.signature(SincConv.__init__, eval_str=True).parameters.values()
+    return {p.name: p for p in sinc if p.name not in ("self", "out_channels", "kernel_size")}
+
+
+def smallest_input(layers: Sequence[dict]) -> int:
+    """An input width that a stack of ``len(layers)`` layers with these options (``kernel_sizes`` and
+    ``pool_sizes`` per layer, one dict each) reads: from 2 values at the last layer's output (what a layer norm
+    needs), back through each layer; for the check of a config's architectures before any data is read."""
+    width = 2
+    for options in reversed(layers):
+        kernel, pool = options.get("kernel_sizes", 1), options.get("pool_sizes", 1)
+        width = width * max(pool, 1) + max(kernel, 1)  # one more than needed: an even sinc kernel grows by one
+    return width
+
+
+__all__ = ["CONV_UNITS", "ChannelLayerNorm", "ConvLayer", "ConvStack", "SincConv", "build_conv_stack", "conv_options"]

@@ -115,6 +115,12 @@ class FusionLiGRUCell(LiGRUCell):
 
     variants = ({"fusion_act": "prelu"}, {"fusion_act": "tanh", "fusion_reduce": "mean"}, {"fusion_act": "relu"},
                 {"fusion_act": "leaky_relu"})
+    # the microphones are the input of a stack, so only its first layer fuses them (pytorch-kaldi's fusionRNN_jit)
+    options_first_layer_only = True
+
+    @classmethod
+    def smallest_input(cls, options: dict) -> int:
+        return options.get("mics", 1)  # one value per microphone
 
     def __init__(self, hidden_size: int, mics: int = 1, fusion_act: str = "linear", fusion_reduce: str = "sum"):
         super().__init__(hidden_size)

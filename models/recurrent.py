@@ -227,10 +227,18 @@ class Cell(nn.Module):
     implementation = "fast"
     # Option settings besides the defaults (keyword arguments of __init__) that the tests sweep over.
     variants: tuple[dict, ...] = ()
+    # True when a stack's first layer alone takes the options (keyword arguments of __init__) a config sets and
+    # the later layers keep their defaults (fusionrnn: the microphones its first layer's input holds).
+    options_first_layer_only = False
 
     def __init__(self, hidden_size: int):
         super().__init__()
         self.hidden_size = hidden_size
+
+    @classmethod
+    def smallest_input(cls, options: dict) -> int:
+        """An input width a layer of this cell with ``options`` (keyword arguments of ``__init__``) reads."""
+        return 1
 
     def initial_state(self, proj: torch.Tensor) -> State:
         raise NotImplementedError

@@ -24,6 +24,8 @@ Output ``h_t`` (probabilities), or the smoothed ``h'_t`` when ``backward`` is se
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -55,7 +57,7 @@ class UBRUTpamiCell(RecurrentMatrixCell):
     BACKWARDS = (None, "unit")
     variants = ({"backward": "unit"}, {"input_gate": False})
 
-    def __init__(self, hidden_size: int, backward=None, input_gate: bool = True):
+    def __init__(self, hidden_size: int, backward: Optional[str] = None, input_gate: bool = True):
         if backward not in self.BACKWARDS:
             raise ValueError(f"backward must be one of {self.BACKWARDS} for ubru_tpami, got {backward!r}")
         super().__init__(hidden_size)
@@ -132,7 +134,7 @@ class LBRUCell(RecurrentMatrixCell):
     BACKWARDS = (None, "layer")
     variants = ({"backward": "layer"}, {"input_gate": False}, {"input_gate": False, "backward": "layer"})
 
-    def __init__(self, hidden_size: int, backward=None, input_gate: bool = True):
+    def __init__(self, hidden_size: int, backward: Optional[str] = None, input_gate: bool = True):
         if backward not in self.BACKWARDS:
             raise ValueError(f"backward must be one of {self.BACKWARDS} for lbru, got {backward!r}")
         self.num_gates = 4 if backward == "layer" else 3

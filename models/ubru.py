@@ -32,6 +32,8 @@ sum over all state sequences. The output is ``gamma`` (or ``alpha``), a probabil
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -59,7 +61,7 @@ class UBRUCell(Cell):
     has_posteriors = True
     variants = ({"backward": "kalman"}, {"backward": "hmm"})
 
-    def __init__(self, hidden_size: int, backward=None, rho0: float = 0.5, tau11: float = 0.9, tau01: float = 0.1):
+    def __init__(self, hidden_size: int, backward: Optional[str] = None, rho0: float = 0.5, tau11: float = 0.9, tau01: float = 0.1):
         if backward not in BACKWARDS:
             raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
         for name, value in (("rho0", rho0), ("tau11", tau11), ("tau01", tau01)):

@@ -192,7 +192,7 @@ def test_mini_cfgs_cover_every_unit_type_compared():
         cfg = parse_config(path)
         archs = [cfg.architecture(name) for name in cfg.model.stack]
         if len(archs) == 1:
-            layers |= {(archs[0].unit, archs[0].backward, all(archs[0].bidirectional))}
+            layers |= {(archs[0].unit, archs[0].unit_options.get("backward", "none"), all(archs[0].bidirectional))}
         else:
             stacked.append(archs)
     units = {unit for unit, _, _ in layers}
@@ -202,7 +202,8 @@ def test_mini_cfgs_cover_every_unit_type_compared():
     assert ("gru", "none", True) in layers and ("ligru", "none", True) in layers
     assert any(
         [a.unit for a in archs] == ["ligru", "ubru"] and all(archs[0].bidirectional)
-        and archs[1].sizes == archs[0].sizes[-1:] and archs[1].bidirectional == [False] and archs[1].backward != "none"
+        and archs[1].sizes == archs[0].sizes[-1:] and archs[1].bidirectional == [False]
+        and archs[1].unit_options.get("backward", "none") != "none"
         for archs in stacked
     ), "no MINI cfg stacks one unidirectional UBRU layer with a backward recursion on bidirectional Li-GRUs"
 

@@ -87,7 +87,7 @@ def test_values_are_typed_and_lists_filled_per_layer(exp_root):
     rec, top = cfg.architectures
     assert rec.sizes == [16, 16] and rec.dropout == [0.2, 0.2] and rec.norm == ["batch", "batch"]
     assert rec.bidirectional == [True, False]
-    assert top.norm == [None] and top.backward == "kalman"
+    assert top.norm == [None] and top.unit_options == {"backward": "kalman"}  # read by the unit
     fbank, mfcc = cfg.datasets[0].fea
     assert (fbank.cw_left, fbank.cw_right, mfcc.cw_left) == (2, 2, 0)
     assert fbank.fea_opts.endswith("ark:- ark:- |")
@@ -97,20 +97,26 @@ def test_values_are_typed_and_lists_filled_per_layer(exp_root):
 
 
 def test_unit_options_reach_the_units():
-    """Set options reach ``models.build``; unset ones ("none") leave the unit's own defaults."""
+    """Set options reach ``models.build`` typed as the unit declares them; unset ones ("none") leave the unit's
+    own defaults."""
     import models
-    from bru_kaldi.network import unit_options
+    from bru_kaldi.network import layer_options
 
-    cfg = parse_config_text(BASE.replace("backward = kalman", "backward = kalman\nrho0 = 0.25\ntau11 = 0.75"))
+    cfg = parse_config_text(BASE.replace("backward = kalman", "backward = kalman\nrho0 = 0.25\ntau11 = 0.75\ntau01 = none"))
     rec, top = cfg.architectures
-    assert unit_options(top) == {"backward": "kalman", "rho0": 0.25, "tau11": 0.75}
-    layer = models.build(top.unit, 3, top.sizes[0], **unit_options(top))
+    assert layer_options(top) == [{"backward": "kalman", "rho0": 0.25, "tau11": 0.75}]
+    layer = models.build(top.unit, 3, top.sizes[0], **layer_options(top)[0])
     assert layer.cells[0].rho0.tolist() == pytest.approx([0.25] * 8)
     assert layer.cells[0].tau01.tolist() == pytest.approx([0.1] * 8)  # the unit's default
-    assert unit_options(rec) == {}
+    assert layer_options(rec) == [{}, {}]
     lbru = parse_config_text(BASE.replace("unit = ligru", "unit = lbru\ninput_gate = False")).architectures[0]
-    assert unit_options(lbru) == {"backward": None, "input_gate": False}
-    assert models.build("lbru", 3, 4, **unit_options(lbru)).cells[0].input_gate is False
+    assert layer_options(lbru) == [{"input_gate": False}] * 2
+    assert models.build("lbru", 3, 4, **layer_options(lbru)[0]).cells[0].input_gate is False
+    # one value per layer, "default" keeping the unit's; a first-layer option for the first layer alone
+    rnn = parse_config_text(BASE.replace("unit = ligru", "unit = rnn\nactivation = default,relu")).architectures[0]
+    assert layer_options(rnn) == [{}, {"activation": "relu"}]
+    fusion = parse_config_text(BASE.replace("unit = ligru", "unit = fusionrnn\nmics = 2")).architectures[0]
+    assert layer_options(fusion) == [{"mics": 2}, {}]
 
 
 @pytest.mark.parametrize(
@@ -130,6 +136,12 @@ def test_unit_options_reach_the_units():
         (("unit = ligru", "unit = mlp\nactivation = relu,tanh,relu"),
          r"arch_name=rec\]: activation: expected 1 or 2 values \(one per layer\), got 3"),
         (("unit = ligru", "unit = rnn\nactivation = relu,swish"), r"arch_name=rec\]: activation must be one of .*got 'swish'"),
+        (("unit = ligru", "unit = ligru\narch_lrr = 0.1"),
+         r"arch_name=rec\]: architecture rec: unknown option 'arch_lrr' \(did you mean 'arch_lr'\?\)"),
+        (("backward = kalman", "backward = kalman\nrho0 = half"), r"architecture top option rho0: expected a number, got 'half'"),
+        (("unit = ligru", "unit = fusionrnn\nmics = 2,2"), r"architecture rec: mics takes one value, its first layer's"),
+        (("unit = ligru", "unit = lbru\ndropout_at = inside"), r"unit lbru has no candidate state to drop \(units that do: "
+                                                                r"ligru, gru, lstm, rnn, mlp, qlstm, fusionrnn, cnn, sincnet\)"),
     ],
 )
 def test_units_and_their_options_are_checked_before_anything_runs(edit, message):
@@ -209,6 +221,7 @@ def test_overrides_replace_values():
         (("n_chunks = 2", "n_chunks = 2\n[batches]\nmax_missing_fraction = 5"), r"\[batches\] max_missing_fraction: expected a fraction in \[0, 1\], got 5"),
         (("    cw_left=2", "    cw_lft=2"), r"unknown option 'cw_lft' \(did you mean 'cw_left'\?\)"),
         (("out_folder = $BRU_TEST_EXP/demo", "out_folder = $BRU_NOT_SET/demo"), r"environment variable \$BRU_NOT_SET is not set"),
+        (("[decoding]", "[decoding]\nscoring = timt"), r"\[decoding\] scoring: scoring 'timt' \(did you mean 'timit'\?\)"),
     ],
 )
 def test_bad_configs_name_section_option_and_expectation(edit, message):

@@ -296,7 +296,8 @@ def test_sincnet_needs_its_frequencies_and_batch_norm_is_noted():
     ("unit = cnn\nsizes = 4\nkernel_sizes = 3\nsample_rate = 8000", "takes no sample_rate option (units that do: sincnet)"),
     ("unit = cnn\nsizes = 4", "kernel_sizes is required"),
     ("unit = cnn\nsizes = 4\nkernel_sizes = 0", "kernel_sizes: expected positive widths"),
-    ("unit = sincnet\nsizes = 4\nkernel_sizes = 3\nmin_low_hz = -1", "min_low_hz: expected a frequency in Hz >= 0"),
+    ("unit = sincnet\nsizes = 4\nkernel_sizes = 3\nmin_low_hz = -1", "min_low_hz, min_band_hz >= 0, got 16000, -1.0, 50"),
+    ("unit = sincnet\nsizes = 4,4\nkernel_sizes = 3\nsample_rate = 8000,16000", "sample_rate takes one value, its first layer's"),
 ])
 def test_native_options_are_checked_naming_the_option(lines, expected):
     text = native({"arch_name": "a"}, stack="a").replace("arch_name = a\n", f"arch_name = a\n{lines}\n")

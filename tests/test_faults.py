@@ -177,6 +177,41 @@ def test_derived_files_are_redone_when_their_training_data_changed(tiny_corpus, 
     assert Experiment(exp_dir).derived_from("anything") is False
 
 
+def test_the_training_norm_is_kept_recomputed_or_refused_as_its_data_and_the_training_say(tmp_path):
+    """Experiment.training_norm alone: computed when there is none; kept when computed from these inputs;
+    computed again when the inputs changed before training began; refused once training has begun; kept
+    in a folder older than the record (no derived.json) whose training has begun."""
+    import numpy as np
+    import torch
+
+    from bru_kaldi.config import ConfigError
+    from bru_kaldi.feature_transforms import GlobalNorm
+
+    exp = Experiment(tmp_path / "exp")
+    exp.folder.mkdir()
+    norms = iter(GlobalNorm(np.full(2, v, np.float32), np.ones(2, np.float32)) for v in (1.0, 2.0, 3.0))
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return next(norms)
+
+    norm, current = exp.training_norm("v1", compute)
+    assert (current, norm.mean[0], len(calls)) == (False, 1.0, 1) and exp.norm.is_file()
+    exp.record_derived("v1")
+    norm, current = exp.training_norm("v1", compute)
+    assert (current, norm.mean[0], len(calls)) == (True, 1.0, 1)  # loaded from the folder, not computed
+    norm, current = exp.training_norm("v2", compute)  # the data changed before any training: computed again
+    assert (current, norm.mean[0], GlobalNorm.load(exp.norm).mean[0]) == (False, 2.0, 2.0)
+    exp.record_derived("v2")
+    torch.save({"progress": {"epoch": 1, "chunk": 0}}, exp.checkpoint)  # training has begun
+    with pytest.raises(ConfigError, match="the training data changed since this experiment started"):
+        exp.training_norm("v3", compute)
+    exp.derived.unlink()  # a folder from before the record: its files are kept as they are
+    norm, current = exp.training_norm("v3", compute)
+    assert (current, norm.mean[0], len(calls)) == (True, 2.0, 2)
+
+
 def _when(point: str, exp_dir: Path, corpus_root: Path):
     """A test for the moment to kill a run at ``point``: a file that exists only while it is there."""
     return {

@@ -65,6 +65,15 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def test_the_library_names_its_modules_that_import_the_units():
+    """bru_kaldi/__init__.py says which of the library's modules import ``models``; exactly those do."""
+    importers = {_module(p).removeprefix("bru_kaldi.") for p in LIBRARY if "models" in imported(p)}
+    text = " ".join(ast.get_docstring(ast.parse((ROOT / "bru_kaldi" / "__init__.py").read_text())).split())
+    said = re.search(r"modules here import ``models``: (.*?);", text)
+    assert said, "bru_kaldi/__init__.py does not say which of its modules import models"
+    assert set(re.findall(r"``([\w.]+)`` \(", said.group(1))) == importers, (said.group(1), sorted(importers))
+
+
 def test_the_library_has_no_import_cycle():
     """No chain of imports in bru_kaldi/ comes back to where it started, counting the imports inside
     functions (which hide a cycle from Python without removing it)."""

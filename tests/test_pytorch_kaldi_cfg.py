@@ -430,7 +430,7 @@ def test_mse_translates_to_an_auxiliary_term_of_the_chain(env, tmp_path):
         assert (m.mse_arch, m.mse_target, m.mse_weight) == ("MLP_SE", "mfcc", 0.5)
         assert m.stack == ["liGRU_SE", "MLP_SE", "liGRU_SR"] and m.inputs == ["fbank"]
         assert (m.mono_lab, m.mono_weight, m.senone_lab) == ("lab_mono", 1.0, "lab_cd")
-        assert config.architecture("MLP_SE").activation == ["linear"] and config.architecture("MLP_SE").sizes == [13]
+        assert config.architecture("MLP_SE").unit_options == {"activation": "linear"} and config.architecture("MLP_SE").sizes == [13]
     assert "mse averages the squared error over real frames only" in " ".join(config.notes)
     model, _ = build_model(config, input_dim=5, num_pdfs=31, num_mono=7, mse_dim=13)
     model.eval()
@@ -752,7 +752,7 @@ def test_three_streams_joined_two_at_a_time_run_end_to_end(env, tmp_path):
     assert m.stack == ["MLP_layers_first", "liGRU_layers", "MLP_layers_second"]
     assert (m.senone_arch, m.mono_arch, m.mono_lab) == ("MLP_layers_last", "MLP_layers_last2", "lab_mono")
     assert all(not config_.architecture(name).inputs for name in m.stack), "a chain: each reads the one before"
-    assert config_.architecture("MLP_layers_first").activation == ["leaky_relu"]
+    assert config_.architecture("MLP_layers_first").unit_options == {"activation": "leaky_relu"}
     spec = data_io.dataset_for(config_, "train", with_labels=True)
     assert [s.fea_name for s in spec.fea] == ["mfcc", "fbank", "fmllr"]
     assert [s.dim for s in data_io.Corpus(spec).sources] == [13, 40, 40]

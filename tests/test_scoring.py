@@ -1,8 +1,13 @@
 """Scoring: Kaldi's counts on hand-computed cases, corpus filters, missing hypotheses, text files."""
 
+from pathlib import Path
+
 import pytest
 
-from bru_kaldi.scoring import ErrorCounts, filter_tokens, read_text, score, write_per_utterance, write_text
+from bru_kaldi.scoring import (ErrorCounts, filter_path, filter_tokens, read_filter, read_text, score, scoring_filter,
+                               write_per_utterance, write_text)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_hand_computed_alignment():
@@ -41,8 +46,39 @@ def test_missing_hypothesis_counts_as_deletions_and_is_reported():
 
 
 def test_unknown_scoring_is_an_error():
-    with pytest.raises(ValueError, match="scoring must be one of"):
-        score({"u": ["a"]}, {"u": ["a"]}, "librispeech")
+    with pytest.raises(ValueError, match=r"scoring 'timt' \(did you mean 'timit'\?\) is neither plain, a corpus whose "
+                                         r"recipe keeps a scoring filter \(ami, timit, wsj: "):
+        score({"u": ["a"]}, {"u": ["a"]}, "timt")
+
+
+def test_the_corpus_filters_are_their_recipes_data_not_the_librarys():
+    """Each named filter is a file of its corpus's recipe folder; the library's code holds none of their
+    tokens, and a filter file given by its path works as a named one."""
+    assert filter_path("timit") == ROOT / "recipes" / "timit" / "scoring_filter.txt" and filter_path("plain") is None
+    code = (ROOT / "bru_kaldi" / "scoring.py").read_text()
+    assert not any(f"{token!r}" in code or f'"{token}"' in code
+                   for name in ("timit", "wsj", "ami") for token in [*scoring_filter(name).fold, *scoring_filter(name).drop])
+    assert scoring_filter("timit").fold["epi"] == "sil" and "<SPOKEN_NOISE>" in scoring_filter("wsj").drop
+
+
+def test_a_filter_file_of_ones_own(tmp_path):
+    own = tmp_path / "filter.txt"
+    own.write_text("# fold, then drop\nuh ah  # as the corpus's guide says\n\n[cough]\n")
+    assert filter_tokens("uh [cough] ah b".split(), str(own)) == ["ah", "ah", "b"]
+    assert score({"u": "uh [cough] b".split()}, {"u": "ah b".split()}, str(own)).total.errors == 0
+    for text, message in (("a b c\n", r"filter.txt:1: expected 'token' or 'token replacement', got 'a b c'"),
+                          ("a b\n# c\na\n", r"filter.txt:3: a has a rule on line 1, got 'a'")):
+        own.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            read_filter(own)
+
+
+def test_the_command_line_filter_names_a_bad_scoring(capsys):
+    from bru_kaldi.scoring import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["filter", "nope"])
+    assert stop.value.code == 2 and "scoring 'nope' is neither plain" in capsys.readouterr().err
 
 
 def test_text_files_round_trip(tmp_path):

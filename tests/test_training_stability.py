@@ -3,6 +3,7 @@ warmup, and the rollback of a NaN to the last checkpoint with halved rates (a cl
 chunk blows up again). The runs are in-process, on the tests' tiny built-in corpus, so that a NaN can
 be injected at a chosen step."""
 
+import copy
 import logging
 import math
 import re
@@ -86,11 +87,51 @@ def checkpoint_progress(exp_dir: Path) -> dict:
     return torch.load(exp_dir / "checkpoint.pt", map_location="cpu", weights_only=True)["progress"]
 
 
+def watch_rollbacks(monkeypatch) -> list[dict]:
+    """Wrap run_exp.roll_back: for each rollback, the checkpoint it rolls back to (read before it runs), the
+    model and optimiser states at the blow-up, and those training goes on with."""
+    seen = []
+    original = run_exp.roll_back
+
+    def states(run) -> dict:
+        return {"model": copy.deepcopy(run.model.state_dict()),
+                "optimizers": [copy.deepcopy(o.state_dict()) for o in run.optimizers]}
+
+    def roll_back(run, blowup):
+        checkpoint = torch.load(run.exp.checkpoint, map_location="cpu", weights_only=True)
+        at_blowup = states(run)
+        original(run, blowup)
+        seen.append({"checkpoint": checkpoint, "at_blowup": at_blowup, "after": states(run),
+                     "parameters": [name for name, _ in run.model.named_parameters()]})
+
+    monkeypatch.setattr(run_exp, "roll_back", roll_back)
+    return seen
+
+
+def same_optimizer_state(mine: dict, theirs: dict) -> bool:
+    return mine["state"].keys() == theirs["state"].keys() and all(
+        torch.equal(torch.as_tensor(value), torch.as_tensor(theirs["state"][index][key]))
+        for index, state in mine["state"].items() for key, value in state.items())
+
+
 @pytest.mark.parametrize("objective", ["ce", "lfmmi"])
 def test_a_nan_rolls_back_to_the_last_checkpoint_with_halved_rates(objective, tiny_run, monkeypatch):
-    steps = inject_nan(monkeypatch, lambda step: step == 3)
+    # the fifth step: the second of a chunk (the tiny corpus's chunks take 3 or 4 steps), so that the weights
+    # and the optimiser states have moved since the checkpoint at the chunk's start
+    steps = inject_nan(monkeypatch, lambda step: step == 4)
+    rollbacks = watch_rollbacks(monkeypatch)
     code, exp_dir, log = tiny_run(f"--model,objective={objective}")
     assert code == 0, log
+    # training goes on from the checkpoint's weights and optimiser states, not from those of the blow-up
+    (rollback,) = rollbacks
+    saved, at_blowup, after = rollback["checkpoint"], rollback["at_blowup"], rollback["after"]
+    moved = [name for name in rollback["parameters"] if not torch.equal(saved["model"][name], at_blowup["model"][name])]
+    assert moved and not all(map(same_optimizer_state, at_blowup["optimizers"], saved["optimizers"])), \
+        "no step since the checkpoint: this run cannot tell a rollback from none"
+    assert saved["model"].keys() == after["model"].keys()
+    for name, value in after["model"].items():
+        assert torch.equal(value, saved["model"][name]), name
+    assert all(map(same_optimizer_state, after["optimizers"], saved["optimizers"]))
     assert "rolling back to" in log and "learning rates halved" in log
     rollbacks = checkpoint_progress(exp_dir)["rollbacks"]
     assert len(rollbacks) == 1 and rollbacks[0][0] == 0  # epoch 1

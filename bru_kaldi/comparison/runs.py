@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from bru_kaldi.config import LEGACY_DEFAULTS, RESOLVED_FROM, option_default
+from bru_kaldi.config import LEGACY_DEFAULTS, RESOLVED_FROM, left_to_the_unit, option_default
 
 # Options that differ between the seeds of one system (or only say where it ran).
 PER_RUN = {("exp", "seed"), ("exp", "out_folder"), ("exp", "device"), ("exp", "builtin_corpus_dir")}
@@ -77,10 +77,13 @@ def _is_default(section: str, option: str, value: str) -> bool:
     """Whether ``value`` is what the schema means when the option is left out: its default, or a per-layer
     list of nothing but the default (``default,default``). Such options leave a system's key alone, so
     that runs written before an option existed (or before it was written per layer) stay seeds of the
-    same system as runs written after. An option whose default changed (``LEGACY_DEFAULTS``) always counts:
+    same system as runs written after; so does a unit's option left at the unit's default
+    (``config.left_to_the_unit``). An option whose default changed (``LEGACY_DEFAULTS``) always counts:
     a run that does not list it meant its old default."""
     if (re.sub(r"\d+$", "", section), option) in LEGACY_DEFAULTS:
         return False
+    if left_to_the_unit(section, option, value):
+        return True
     default = option_default(section, option)
     return default is not None and (value == default or
                                     (default != "" and all(v.strip() == default for v in value.split(","))))
