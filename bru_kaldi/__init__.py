@@ -33,7 +33,8 @@ In the order a run uses them (``run_exp.py``), each module one job:
 =========================  =========================================================================
 
 Dependencies point down: ``run_exp.py``, ``compare.py`` and ``data_io.py`` -> this package -> ``models/``, which
-stands alone. Two modules here import ``models``: ``network`` (the units) and ``chain.native`` (the C++ build
-machinery, ``models.fast.native``); nothing here imports a recipe or ``data_io`` (a recipe's data files, such
+stands alone. Three modules here import ``models``: ``network`` (the units), ``chain.native`` (the C++ build
+machinery, ``models.fast.native``) and ``chain.triton_fb`` (the Triton launch machinery,
+``models.fast.triton_loops``); nothing here imports a recipe or ``data_io`` (a recipe's data files, such
 as its scoring filter, are read by path).
 """

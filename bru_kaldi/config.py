@@ -882,6 +882,23 @@ def option_default(section: str, option: str) -> Optional[str]:
 LEGACY_UNIT_DEFAULTS = {"form": "log"}
 
 
+def inert_options(options: dict) -> set:
+    """The ``(section, option)`` keys of a resolved config's ``options`` (``(section, option) -> value``) that
+    cannot change what it trains: LF-MMI's options (``[model] lfmmi_*`` and ``frame_subsampling``) of a run
+    whose ``[model] objective`` is not ``lfmmi``. Comparisons of configs (resuming a folder, the seeds of one
+    system) leave them out, so that a cross-entropy run written before they existed, or before their
+    defaults changed (:data:`LEGACY_DEFAULTS`), is the same experiment as one written after.
+
+    >>> sorted(inert_options({("model", "objective"): "ce", ("model", "lfmmi_tolerance"): "5",
+    ...                       ("model", "stack"): "rnn"}))
+    [('model', 'lfmmi_tolerance')]
+    """
+    if options.get(("model", "objective"), "ce") == "lfmmi":
+        return set()
+    return {(section, option) for section, option in options
+            if section == "model" and (option.startswith("lfmmi_") or option == "frame_subsampling")}
+
+
 def left_to_the_unit(section: str, option: str, value: str) -> bool:
     """Whether ``[section] option = value`` of a resolved config is a unit's option (of an ``[architectureN]``,
     not in the schema) left at the unit's own default: ``none`` or ``default`` (per layer too), empty, or what

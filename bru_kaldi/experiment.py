@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from bru_kaldi.atomic import write_text_atomically
-from bru_kaldi.config import ConfigError, left_to_the_unit, option_default
+from bru_kaldi.config import ConfigError, inert_options, left_to_the_unit, option_default
 from bru_kaldi.feature_transforms import GlobalNorm
 
 log = logging.getLogger(__name__)
@@ -267,6 +267,9 @@ def check_same_experiment(exp: Experiment, resolved_text: str, source: str) -> N
                 if key[0] not in allowed or (allowed[key[0]] is not None and key[1] not in allowed[key[0]])}
 
     before, now = relevant(exp.resolved.read_text()), relevant(resolved_text)
+    if "lfmmi" not in {before.get(("model", "objective")), now.get(("model", "objective"))}:
+        for key in inert_options({**before, **now}):  # LF-MMI's options of a cross-entropy run, however written
+            before.pop(key, None), now.pop(key, None)
 
     def unchanged(key):
         # an option the toolkit gained after the folder was made changes nothing while it keeps its default, nor

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from bru_kaldi.config import LEGACY_DEFAULTS, RESOLVED_FROM, left_to_the_unit, option_default
+from bru_kaldi.config import LEGACY_DEFAULTS, RESOLVED_FROM, inert_options, left_to_the_unit, option_default
 
 # Options that differ between the seeds of one system (or only say where it ran).
 PER_RUN = {("exp", "seed"), ("exp", "out_folder"), ("exp", "device"), ("exp", "builtin_corpus_dir")}
@@ -103,9 +103,10 @@ def read_run(folder) -> Run:
     # The built-in corpus's folder (in its data paths too) says where the run was, not what was trained:
     # runs on clones in other folders are seeds of one system.
     corpus = parser.get("exp", "builtin_corpus_dir", fallback="")
+    written = {(s, o): v for s in parser.sections() for o, v in parser.items(s)}
+    inert = inert_options(written)  # LF-MMI's options of a cross-entropy run say nothing about it
     options = {(f"[{s}] {o}", v.replace(corpus, "$builtin_corpus_dir") if corpus else v)
-               for s in parser.sections() for o, v in parser.items(s)
-               if (s, o) not in PER_RUN and not _is_default(s, o, v)}
+               for (s, o), v in written.items() if (s, o) not in PER_RUN | inert and not _is_default(s, o, v)}
     shared = [f"{name} = {value}" for name, value in sorted(options)]
     source = first[len(RESOLVED_FROM):] if first.startswith(RESOLVED_FROM) else re.sub(r"_?seed\d+$", "", folder.name)
     stack = [v.strip() for v in parser.get("model", "stack", fallback="").split(",") if v.strip()]
