@@ -109,12 +109,38 @@ class AcousticModel(nn.Module):
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def forward(self, x: torch.Tensor, lengths) -> dict[str, torch.Tensor]:
+        return self._outputs(x, lambda index, stack, inputs: stack(inputs, lengths))
+
+    def stream(self, x: torch.Tensor, states: Optional[list] = None) -> tuple[dict[str, torch.Tensor], list]:
+        """One chunk ``x`` ``(B, T, F)`` of sequences run chunk by chunk, in evaluation: the outputs
+        :meth:`forward` gives for these frames of the whole sequences, and the states (one per stack) to
+        pass with the next chunk (``None`` for the first). Each stack carries its layers' recurrent states;
+        a stack that reads the future (bidirectional, a backward recursion) raises ``ValueError``.
+
+        >>> import models
+        >>> net = AcousticModel([models.build_stack("libru", 13, [8, 8])], num_senones=20).eval()
+        >>> x = torch.randn(1, 9, 13)
+        >>> first, states = net.stream(x[:, :5])
+        >>> second, _ = net.stream(x[:, 5:], states)
+        >>> torch.allclose(torch.cat([first["senone"], second["senone"]], 1), net(x, [9])["senone"], atol=1e-5)
+        True
+        """
+        states = list(states) if states is not None else [None] * len(self.stacks)
+
+        def run(index, stack, inputs):
+            out, states[index] = stack.stream(inputs, states[index])
+            return out
+
+        return self._outputs(x, run), states
+
+    def _outputs(self, x: torch.Tensor, run) -> dict[str, torch.Tensor]:
+        """The outputs, each stack run by ``run(index, stack, inputs)``: on whole sequences or on a chunk."""
         out, outs = {}, []
         for index, stack in enumerate(self.stacks):
             if self.sources is None:
-                outs.append(stack(outs[-1] if outs else x, lengths))
+                outs.append(run(index, stack, outs[-1] if outs else x))
             else:
-                outs.append(stack(self._gather(x, outs, self.sources[index]), lengths))
+                outs.append(run(index, stack, self._gather(x, outs, self.sources[index])))
             if index == self.mse_stack:
                 out["mse"] = outs[-1]
             if index == self.feature_stack:
