@@ -59,7 +59,8 @@ class DecodeJob:
     ``loglikes_scp``: written by ``data_io.LoglikeWriter`` (log posteriors - log priors), each entry
     (frames, num_pdfs); ``graph_dir``: HCLG.fst and words.txt; ``model``: final.mdl, whose
     TransitionModel maps transition-ids to pdfs; ``ref_text``: Kaldi text of references, or None to
-    decode without scoring; ``out_dir``: hypotheses, logs, per-utterance counts and the summary.
+    decode without scoring; ``out_dir``: hypotheses, logs, per-utterance counts and the summary;
+    ``frame_shift``: seconds between the log-likelihoods' frames (word timings, real-time factor).
     """
 
     name: str
@@ -68,6 +69,7 @@ class DecodeJob:
     model: Path
     ref_text: Optional[Path]
     out_dir: Path
+    frame_shift: float = FRAME_SHIFT
 
     def __post_init__(self):
         for name in ("loglikes_scp", "graph_dir", "model", "out_dir"):
@@ -84,7 +86,8 @@ class SetResult:
     once per acoustic scale tried); ``rtf`` is per pass: ``seconds / passes / audio_seconds``.
     ``failed``: utterances with no path (scored as all deletions); ``partial``: utterances whose
     best path ends in a non-final state (kept, as Kaldi's ``--allow-partial=true`` does);
-    ``missing``: references with no log-likelihoods in the scp (scored as all deletions too).
+    ``missing``: references with no log-likelihoods in the scp (scored as all deletions too);
+    ``acoustic_scale`` and ``word_penalty``: the chosen setting as numbers (Kaldi's: ``post_decode_acwt / LMWT``).
 
     >>> r = SetResult("dev", "acwt=0.15", None, seconds=2.0, audio_seconds=40.0, rtf=0.05, failed=["u3"])
     >>> r.res_line()
@@ -103,6 +106,8 @@ class SetResult:
     num_utterances: int = 0
     passes: int = 1
     missing: list[str] = field(default_factory=list)
+    acoustic_scale: float = 0.0
+    word_penalty: float = 0.0
 
     def res_line(self) -> str:
         """One line for ``res.res``: ``dev: %WER 21.30 [ 1234 / 5793, 100 ins, 300 del, 834 sub ] acwt=0.15 ...``."""
@@ -171,7 +176,7 @@ class Prepared:
 
     @property
     def audio_seconds(self) -> float:
-        return sum(self.frames.values()) * FRAME_SHIFT
+        return sum(self.frames.values()) * self.job.frame_shift
 
 
 # Per process: graph_key (HCLG.fst, final.mdl) -> (graph, tid2pdf, num_pdfs); graph_key + (penalty,) ->
@@ -270,7 +275,7 @@ def write_ctm(p: Prepared, chosen: Pass, say: Callable[[str], None]) -> None:
     lines, skipped = [], []
     for utt in sorted(chosen.alignments):
         try:
-            lines += ctm_lines(utt, chosen.alignments[utt], chosen.hyps[utt], model, boundary)
+            lines += ctm_lines(utt, chosen.alignments[utt], chosen.hyps[utt], model, boundary, p.job.frame_shift)
         except ValueError as error:
             skipped.append(f"{utt} ({error})")
     if skipped:
@@ -291,10 +296,11 @@ def choose(passes: Sequence[Pass]) -> Pass:
 
 
 def finish(p: Prepared, chosen: Pass, passes: Sequence[Pass], seconds: float, decode_passes: int, decoder: str,
-            note: str, lines: list[str], log: Callable[[str], None]) -> SetResult:
+            note: str, lines: list[str], log: Callable[[str], None], scale: tuple[float, float]) -> SetResult:
     """Write the chosen hypotheses, counts, log and summary of one set (the summary last); report failures.
 
-    ``passes``: the settings tried (for the summary); ``decode_passes``: how often the set was decoded.
+    ``passes``: the settings tried (for the summary); ``decode_passes``: how often the set was decoded;
+    ``scale``: the chosen setting as (acoustic scale, word insertion penalty).
     """
     job, out_dir = p.job, p.job.out_dir
 
@@ -321,7 +327,7 @@ def finish(p: Prepared, chosen: Pass, passes: Sequence[Pass], seconds: float, de
     result = SetResult(job.name, chosen.setting, chosen.score, seconds=seconds, audio_seconds=audio,
                        rtf=seconds / decode_passes / audio if audio else 0.0, failed=sorted(chosen.failed),
                        decoder=decoder, partial=chosen.partial, num_utterances=len(p.frames), passes=decode_passes,
-                       missing=missing)
+                       missing=missing, acoustic_scale=scale[0], word_penalty=scale[1])
     scoring.write_text(chosen.hyps, out_dir / "text")
     if chosen.score is not None:
         scoring.write_per_utterance(chosen.score, out_dir / "per_utt")
