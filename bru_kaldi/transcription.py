@@ -42,7 +42,6 @@ from bru_kaldi.kaldi.tables import KaldiIOError, read_matrices, read_text_table
 from bru_kaldi.network import check_architectures, load_trained
 from bru_kaldi.posteriors import LoglikeWriter, log_priors, read_counts
 from bru_kaldi.records import DecodingChoice, RecordError, StreamRecord, read_decoding, read_front_end
-from models.acoustic import AcousticModel
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ class Trained:
 
     folder: Path
     config: Config
-    network: AcousticModel  # in evaluation mode
+    network: torch.nn.Module  # models.acoustic.AcousticModel, in evaluation mode
     norm: GlobalNorm  # of the network's input columns
     priors: Optional[np.ndarray]  # (num_pdfs,) log priors, None: the output is written as it is
     chain: bool  # an LF-MMI model: its output is not a softmax
