@@ -30,7 +30,7 @@ import numpy as np
 
 from bru_kaldi.atomic import write_text_atomically
 from bru_kaldi.feature_transforms import FeatureOptions
-from bru_kaldi.frontend import FrontEnd, FrontEndError, front_end_of
+from bru_kaldi.frontend import FrontEnd, front_end_of
 from bru_kaldi.kaldi.rspecifiers import parse_rspecifier
 
 FRONT_END = "front_end.json"
@@ -64,9 +64,9 @@ class StreamRecord:
 
 def stream_record(source) -> dict:
     """The record of a ``FeatureSource`` (one stream of the training corpus) as JSON values."""
-    try:
+    try:  # a description that cannot be read (FrontEndError, or worse) stops transcribe.py, not the training
         front_end, why = front_end_of(source.stream.fea_lst, source.raw_dim).as_dict(), ""
-    except FrontEndError as error:
+    except (OSError, ValueError) as error:
         front_end, why = None, str(error)
     options = {k: v for k, v in dataclasses.asdict(source.options).items() if k not in _PATHS}
     stats = sum(source.cmvn.values()) if source.cmvn else None
