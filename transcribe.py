@@ -152,8 +152,7 @@ class Run:
         lookahead = streaming.check_streamable(self.trained)
         log.info("streaming in chunks of %g s; each frame waits for %d frames of context after it (%g ms of lookahead)",
                  self.args.chunk, lookahead, lookahead * self.trained.streams[0].front_end.frame_shift * 1000)
-        heard = spent = 0.0
-        latencies = []
+        heard, spent, latencies = 0.0, {"wall": 0.0, "cpu": 0.0}, {"wall": [], "cpu": []}
         for name, key, path in inputs(self.args.audio):
             try:
                 stream = streaming.Stream(self.trained, searcher, self.cmvn(name, key), name)
@@ -171,8 +170,11 @@ class Run:
                             self.trained.frame_shift) if self.args.ctm else []
             self.show(name, transcription.Transcript(outcome.words, ctm))
             heard += outcome.partials[-1].audio_seconds
-            spent += sum(p.compute_seconds for p in outcome.partials)
-            latencies += streaming.word_latencies(outcome.partials, outcome.spans, self.trained.frame_shift)
+            spent["wall"] += sum(p.compute_seconds for p in outcome.partials)
+            spent["cpu"] += sum(p.cpu_seconds for p in outcome.partials)
+            for clock in latencies:
+                latencies[clock] += streaming.word_latencies(outcome.partials, outcome.spans, self.trained.frame_shift,
+                                                             cpu=clock == "cpu")
         if heard:
             log.info("%s", streaming_summary(self, heard, spent, latencies, lookahead))
 
@@ -187,18 +189,24 @@ class Run:
             yield samples[start:start + step]
 
 
-def streaming_summary(run: Run, heard: float, spent: float, latencies: list[float], lookahead: int) -> str:
+def streaming_summary(run: Run, heard: float, spent: dict, latencies: dict, lookahead: int) -> str:
+    """The real-time factor and the word latencies, in CPU time (a core to itself) and on the wall clock
+    (whatever else the machine ran: its load average is given)."""
+    import os
+
     import torch
 
     frame_shift = run.trained.streams[0].front_end.frame_shift
-    line = (f"streaming: {heard:.1f} s of audio in {spent:.1f} s, real-time factor {spent / heard:.3f} "
-            f"({torch.get_num_threads()} thread(s)); chunks of {run.args.chunk:g} s, lookahead {lookahead} frames "
+    line = (f"streaming: {heard:.1f} s of audio, real-time factor {spent['cpu'] / heard:.3f} in CPU time and "
+            f"{spent['wall'] / heard:.3f} on the wall clock ({torch.get_num_threads()} thread, load average "
+            f"{os.getloadavg()[0]:.1f}); chunks of {run.args.chunk:g} s, lookahead {lookahead} frames "
             f"({lookahead * frame_shift * 1000:g} ms)")
-    if latencies:
-        values = np.array(latencies)
-        line += (f"; word latency (end of a word's audio to its appearance for good) over {len(values)} words: median "
-                 f"{np.median(values):.2f} s, 90th percentile {np.percentile(values, 90):.2f} s, "
-                 f"max {values.max():.2f} s")
+    if latencies["cpu"]:
+        cpu, wall = np.array(latencies["cpu"]), np.array(latencies["wall"])
+        line += (f"; word latency (end of a word's audio to its appearance for good) over {len(cpu)} words: median "
+                 f"{np.median(cpu):.2f} s, 90th percentile {np.percentile(cpu, 90):.2f} s, max {cpu.max():.2f} s in "
+                 f"CPU time; {np.median(wall):.2f} s, {np.percentile(wall, 90):.2f} s, {wall.max():.2f} s on the "
+                 "wall clock")
     return line
 
 

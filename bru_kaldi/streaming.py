@@ -73,11 +73,14 @@ def check_streamable(trained: Trained) -> int:
 
 @dataclass
 class Partial:
-    """The hypothesis after one chunk: its words, the audio heard so far and the seconds spent on the chunk."""
+    """The hypothesis after one chunk: its words, the audio heard so far, and the seconds the chunk took,
+    on the wall clock and in this process's CPU time (what it costs on a core to itself, whatever else
+    the machine runs)."""
 
     words: list[str]
     audio_seconds: float
     compute_seconds: float
+    cpu_seconds: float = 0.0
 
 
 @dataclass
@@ -114,7 +117,7 @@ class Stream:
 
     def accept(self, samples: np.ndarray) -> Partial:
         """Feed a chunk; returns the partial hypothesis after it (also kept in :attr:`partials`)."""
-        started = time.perf_counter()
+        started = time.perf_counter(), time.process_time()
         self.samples += len(samples)
         for extractor in self.extractors:
             extractor.accept_waveform(self.trained.sample_rate, np.asarray(samples, dtype=np.float32))
@@ -124,7 +127,7 @@ class Stream:
     def finish(self) -> Outcome:
         """The end of the input: the last frames, and the best path as offline (to a final state if one
         was reached)."""
-        started = time.perf_counter()
+        started = time.perf_counter(), time.process_time()
         for extractor in self.extractors:
             extractor.input_finished()
         self._advance(final=True)
@@ -139,8 +142,9 @@ class Stream:
             if self.searcher.boundary is not None else []
         return Outcome(words, alignment, spans, self.partials)
 
-    def _partial(self, words: Optional[list[str]], started: float) -> Partial:
-        partial = Partial(words or [], self.samples / self.trained.sample_rate, time.perf_counter() - started)
+    def _partial(self, words: Optional[list[str]], started: tuple[float, float]) -> Partial:
+        partial = Partial(words or [], self.samples / self.trained.sample_rate, time.perf_counter() - started[0],
+                          time.process_time() - started[1])
         self.partials.append(partial)
         return partial
 
@@ -187,12 +191,13 @@ def common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
     return n
 
 
-def word_latencies(partials: Sequence[Partial], spans: Sequence[tuple[int, int]], frame_shift: float) -> list[float]:
+def word_latencies(partials: Sequence[Partial], spans: Sequence[tuple[int, int]], frame_shift: float,
+                   cpu: bool = False) -> list[float]:
     """Seconds from the end of each final word's audio to its appearance for good, chunks arriving in real time.
 
     Chunk ``i`` arrives when its audio has been heard (``partials[i].audio_seconds``), and is processed once
     it has arrived and the chunk before it is done: its hypothesis is shown at ``shown[i] = max(heard_i,
-    shown[i-1]) + compute_i``. Word ``k`` of the final hypothesis (the last partial) appears for good at the
+    shown[i-1]) + compute_i``, ``compute_i`` its wall-clock seconds (``cpu``: its CPU seconds). Word ``k`` of the final hypothesis (the last partial) appears for good at the
     first chunk from which on every hypothesis begins with the final words up to ``k``; its audio ends at
     ``spans[k][1] * frame_shift``.
 
@@ -203,7 +208,7 @@ def word_latencies(partials: Sequence[Partial], spans: Sequence[tuple[int, int]]
     final = partials[-1].words
     shown, clock = [], 0.0
     for p in partials:
-        clock = max(clock, p.audio_seconds) + p.compute_seconds
+        clock = max(clock, p.audio_seconds) + (p.cpu_seconds if cpu else p.compute_seconds)
         shown.append(clock)
     since = [len(partials) - 1] * len(final)  # the first chunk of the last run in which word k stays
     for i in range(len(partials) - 1, -1, -1):
