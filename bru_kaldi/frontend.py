@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -205,10 +204,3 @@ def front_end_of(fea_lst: str, dim: int) -> FrontEnd:
                             "and make_mfcc.sh leave one there)")
     raise FrontEndError(f"{fea_lst}: features of {dim} values, but {', '.join(f'{f.source} makes {f.dim}' for f in found)}")
 
-
-def describe(front_end: Optional[FrontEnd]) -> str:
-    """One line for a log: ``fbank (40 values, 16000 Hz, 10 ms shift)``."""
-    if front_end is None:
-        return "unknown"
-    return (f"{front_end.kind} ({front_end.dim} values, {front_end.sample_rate} Hz, "
-            f"{front_end.frame_shift * 1000:g} ms shift)")
