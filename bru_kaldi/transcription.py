@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,8 @@ def load(folder, acwt: Optional[float] = None, decoder: Optional[str] = None,
         streams, choice = read_front_end(folder), read_decoding(folder)
     except FileNotFoundError as error:
         raise TranscribeError(f"{folder}: no trained model: {error}") from None
+    except (RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as error:  # what torch.load raises
+        raise TranscribeError(f"{folder / 'final.pt'}: a trained model that cannot be read ({error})") from None
     except (ConfigError, RecordError) as error:
         raise TranscribeError(str(error)) from None
     for stream in streams:
@@ -145,7 +148,10 @@ def load(folder, acwt: Optional[float] = None, decoder: Optional[str] = None,
     chain = config.model.objective == "lfmmi"
     priors = None
     if config.forward.normalize_posteriors and not chain:  # as run_exp.py's forward
-        priors = log_priors(read_counts(str(folder / "pdf_counts")))
+        try:
+            priors = log_priors(read_counts(str(folder / "pdf_counts")))
+        except (KaldiIOError, ValueError) as error:
+            raise TranscribeError(f"{folder}: the pdf counts of the priors: {error}") from None
     graph = Path(choice.graph)
     for name in ("HCLG.fst", "words.txt"):
         if not (graph / name).is_file():

@@ -174,6 +174,9 @@ def test_a_folder_without_a_trained_model_or_with_a_config_it_cannot_read_is_ref
     (untrained / "final.pt").unlink()
     code, out, err = run(capsys, untrained, wav)
     assert code == 1 and out == "" and f"{untrained}: no trained model" in err and "final.pt" in err
+    (untrained / "final.pt").write_bytes((tiny_word_model / "final.pt").read_bytes()[:1000])  # a copy cut short
+    code, out, err = run(capsys, untrained, wav)
+    assert code == 1 and out == "" and f"{untrained / 'final.pt'}: a trained model that cannot be read" in err
     future = copy_experiment(tiny_word_model, tmp_path / "future")
     resolved = future / "config.resolved.cfg"
     resolved.write_text(resolved.read_text().replace("[model]\n", "[model]\nlattice_free_everything = True\n"))
