@@ -202,5 +202,8 @@ def front_end_of(fea_lst: str, dim: int) -> FrontEnd:
     if not found:
         raise FrontEndError(f"{fea_lst}: no {wanted} says which front end made its features (Kaldi's make_fbank.sh "
                             "and make_mfcc.sh leave one there)")
+    if len(fitting) > 1:
+        raise FrontEndError(f"{fea_lst}: {' and '.join(f.source for f in fitting)} both make frames of {dim} values: "
+                            "which made these features is not said")
     raise FrontEndError(f"{fea_lst}: features of {dim} values, but {', '.join(f'{f.source} makes {f.dim}' for f in found)}")
 

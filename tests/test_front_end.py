@@ -64,6 +64,9 @@ def test_the_front_end_of_a_feature_list_is_found_as_kaldi_leaves_it(tmp_path):
     assert front_end_of(str(data / "feats.scp"), 40).kind == "fbank"
     assert front_end_of(str(data / "feats.scp"), 13).kind == "mfcc"
     assert front_end_of(str(data / "feats_mfcc.scp"), 13).kind == "mfcc"
+    FrontEnd("mfcc", {"num-ceps": "40"}).write_conf(data / "conf" / "mfcc.conf")
+    with pytest.raises(FrontEndError, match="fbank.conf and .*mfcc.conf both make frames of 40 values"):
+        front_end_of(str(data / "feats.scp"), 40)
     with pytest.raises(FrontEndError, match="no .*conf/plp.conf"):
         front_end_of(str(data / "feats_plp.scp"), 13)
     with pytest.raises(FrontEndError, match="not an scp"):
