@@ -34,15 +34,18 @@ def tiny_words(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_word_model(tiny_words, tmp_path_factory):
     """A word model trained and decoded by ``run_exp.py`` on the tiny corpus's word task: cfg/MINIW_liBRU.cfg
-    with 2x64 units for 24 epochs (about half a minute), enough to decode words (most of them wrong: 12
+    with 2x64 units for 24 epochs (15 s), enough to decode words (most of them wrong: 12
     training utterances), the Python decoder. Its experiment folder; read-only, as ``tiny_words``."""
     import logging
     from pathlib import Path
 
     import run_exp
+    from bru_kaldi.torch_state import run_settings
 
     folder = tmp_path_factory.mktemp("tiny_word_model") / "exp"
-    with pytest.MonkeyPatch.context() as patch:
+    # one thread: batches of four short utterances, whose products two threads only slow down (ten times, on a
+    # machine whose cores are busy)
+    with pytest.MonkeyPatch.context() as patch, run_settings(threads=1):
         patch.setenv("MINI_TIMIT", str(tiny_words.root))
         code = run_exp.main([str(Path(__file__).resolve().parents[1] / "cfg" / "MINIW_liBRU.cfg"),
                              f"--exp,out_folder={folder}", "--exp,builtin_corpus=none", "--exp,device=cpu",

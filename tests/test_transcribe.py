@@ -22,6 +22,8 @@ from bru_kaldi.kaldi.tables import read_matrices, read_text_table
 from bru_kaldi.network import build_model
 from tests.test_front_end import wav_bytes
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # a tiny model: a second thread only waits
+
 
 def run(capsys, *args) -> tuple[int, str, str]:
     """``transcribe.py`` in this process: exit status, standard output, standard error."""
