@@ -37,6 +37,6 @@ In the order a run uses them (``run_exp.py``), each module one job:
 ``atomic``                 the one way files are written: whole or not at all
 =========================  =========================================================================
 
-Dependencies point down: ``run_exp.py``, ``compare.py``, ``transcribe.py`` and ``data_io.py`` -> this package; ``models/`` stands
-alone and only ``network`` imports it; nothing here imports a recipe or ``data_io``.
+Dependencies point down: ``run_exp.py``, ``compare.py``, ``transcribe.py`` and ``data_io.py`` -> this package;
+``models/`` stands alone and only ``network`` imports it; nothing here imports a recipe or ``data_io``.
 """

@@ -69,7 +69,8 @@ def _value(kind: type, text: str, where: str):
             return text.lower() == "true"
         return kind(text)
     except ValueError:
-        raise FrontEndError(f"{where}: expected {'true or false' if kind is bool else kind.__name__}, got {text!r}") from None
+        expected = "true or false" if kind is bool else kind.__name__
+        raise FrontEndError(f"{where}: expected {expected}, got {text!r}") from None
 
 
 @dataclass(frozen=True)

@@ -147,7 +147,8 @@ def decode_kaldi(prepared: Sequence[Prepared], decoding, tune_on: Optional[str],
     num_jobs = decoding.num_jobs or os.cpu_count() or 1
     # untuned: the LM weight that undoes the acoustic scale the lattices were made with, and the smallest
     # penalty of wip_sweep (as the Python decoder's)
-    lmwt, wip = max(1, round(decoding.post_decode_acwt / decoding.acwt)), str(float(min(decoding.wip_sweep, default=0)))
+    lmwt = max(1, round(decoding.post_decode_acwt / decoding.acwt))
+    wip = str(float(min(decoding.wip_sweep, default=0)))
     note = "LM weight round([decoding] post_decode_acwt / acwt), not tuned"
     log(f"decoding with Kaldi (kaldi_decoding_scripts/decode_dnn.sh, score.sh), {num_jobs} job(s), "
         f"acwt {decoding.acwt:g}" + (f"; LM weight and insertion penalty tuned on {tune_on}" if tune_on
