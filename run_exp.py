@@ -23,6 +23,7 @@ The experiment folder (``[exp] out_folder``)::
   res.res               one line per epoch, then one per decoded set   learning_curve.png
   checkpoint.pt         the latest complete chunk (model, optimisers, progress)
   final.pt              the trained weights    feature_norm.npz, pdf_counts, final.mdl: what forward needs
+  front_end.json        the inputs' front end    decoding.json  the graph and the chosen scale: what transcribe.py reads
   forward_<set>/        loglikes.ark, loglikes.scp     decode_<set>/   hypotheses, per-utterance counts
 """
 
@@ -44,7 +45,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from bru_kaldi import decoding
+from bru_kaldi import decoding, records
 from bru_kaldi.atomic import WriteError, write_atomically
 from bru_kaldi.builtin_corpus import BuiltinCorpusError, ensure_builtin_corpus
 from bru_kaldi.chain import native as chain_native
@@ -54,8 +55,8 @@ from bru_kaldi.distributed import Distributed
 from bru_kaldi.experiment import Experiment, check_same_experiment, epoch_line, stages_to_redo
 from bru_kaldi.machine import run_line
 from bru_kaldi.torch_state import run_settings
-from bru_kaldi.network import (build_model, check_architectures, has_unused_parameters, set_epoch_dropout,
-                               trained_architectures)
+from bru_kaldi.network import (build_model, check_architectures, has_unused_parameters, load_trained,
+                               set_epoch_dropout, trained_architectures)
 from bru_kaldi.learning_rate import epoch_rates, step_rate
 from bru_kaldi.checkpoints import CheckpointError, Progress, load_checkpoint, save_checkpoint, save_tensors
 from bru_kaldi.training import (Diverged, autocast, batch_loss, chance_frame_error, dev_criterion, epochs_since_best,
@@ -128,6 +129,7 @@ def train(config: Config, exp: Experiment, device: torch.device, dist: Distribut
                  "num_mono": run.train_set.label_dims[mono] if mono != "none" else 0,
                  "stream_dims": stream_dims(run.train_set)}
         save_tensors(final, exp.final)
+        records.write_front_end(exp.folder, run.train_set.sources, run.input_dim)  # for transcribe.py
         exp.mark("train")
     dist.barrier()
 
@@ -315,22 +317,6 @@ def roll_back(run: Training, blowup: Diverged) -> None:
 
 
 # --------------------------------------------------------------------------- forward
-def load_trained(config: Config, model_dir: Path, device: torch.device) -> AcousticModel:
-    """The model of ``model_dir/final.pt``, built from ``config``'s architectures, in evaluation mode."""
-    path = model_dir / "final.pt"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no trained model (run the training first, or give --model EXP_DIR)")
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    model, _ = build_model(config, saved["input_dim"], saved["num_pdfs"], saved["num_mono"] or None,
-                           stream_dims=saved.get("stream_dims"))
-    try:
-        model.load_state_dict(saved["model"])
-    except RuntimeError as error:
-        raise ConfigError(f"{config.source}: the architectures do not match the model in {path}: {error}") from None
-    set_epoch_dropout(model, config, config.exp.n_epochs_tr - 1)  # the rates it ended training with
-    return model.to(device).eval()
-
-
 @torch.no_grad()
 def forward(config: Config, exp: Experiment, model_dir: Path, device: torch.device) -> None:
     """Write log-likelihoods for every ``forward_with`` set: log posteriors - log priors (Kaldi's hybrid recipe),
@@ -399,6 +385,7 @@ def decode_and_score(config: Config, exp: Experiment, model_dir: Path, history: 
         log.warning("valid_with=%s is not decoded with a reference (add it to forward_with): every set is decoded "
                     "at [decoding] acwt=%s, untuned", valid, config.decoding.acwt)
     results = decoding.decode_sets(jobs, config.decoding, tune_on, log=log.info)
+    records.record_decoding(exp.folder, jobs, results, tune_on)  # the graph and setting transcribe.py uses
     lines = [results[job.name].res_line() for job in jobs]
     exp.write_res(history, lines)
     for line in lines:

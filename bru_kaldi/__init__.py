@@ -12,7 +12,9 @@ In the order a run uses them (``run_exp.py``), each module one job:
 ``builtin_corpus``         the hook that builds the built-in corpus by running its recipe's ``run.sh``
 ``kaldi/``                 Kaldi's files without Kaldi: ``rspecifiers`` (files and checked pipes),
                            ``tables`` (ark/scp), ``transition_model`` (``final.mdl``), ``alignments``
-``feature_transforms``     ``apply-cmvn``, ``add-deltas``, splicing, the global normalisation
+``frontend``               Kaldi's fbank and MFCC (kaldi-native-fbank) as ``conf/fbank.conf`` describes them
+``feature_transforms``     ``apply-cmvn``, ``add-deltas``, splicing, the global normalisation; online CMVN
+                           and context for frames as they arrive
 ``feature_streams``        one feature stream as the loader reads it (index, CMVN, post-processing)
 ``batching``               utterances into padded batches; the background chunk prefetcher
 ``corpus``                 a data set read chunk by chunk: streams and labels joined, checked, batched
@@ -29,12 +31,16 @@ In the order a run uses them (``run_exp.py``), each module one job:
 ``scoring``                WER/PER as Kaldi's ``compute-wer``, per-utterance counts; the scoring filter a
                            config names, read from its corpus's recipe (``recipes/<corpus>/``)
 ``comparison/``            ``compare.py``'s sweeps over seeds, statistics, tables and figures
+``records``                what an experiment folder keeps for new audio: its front end, the chosen decoding
+``audio``                  WAV files and raw PCM, checked, as int16-scale samples at the model's rate
+``transcription``          ``transcribe.py``'s work: a trained model on new audio, offline
+``streaming``              the same as the audio arrives: features, network and decoder chunk by chunk
 ``atomic``                 the one way files are written: whole or not at all
 =========================  =========================================================================
 
-Dependencies point down: ``run_exp.py``, ``compare.py`` and ``data_io.py`` -> this package -> ``models/``, which
-stands alone. Three modules here import ``models``: ``network`` (the units), ``chain.native`` (the C++ build
-machinery, ``models.fast.native``) and ``chain.triton_fb`` (the Triton launch machinery,
+Dependencies point down: ``run_exp.py``, ``compare.py``, ``transcribe.py`` and ``data_io.py`` -> this package
+-> ``models/``, which stands alone. Three modules here import ``models``: ``network`` (the units), ``chain.native``
+(the C++ build machinery, ``models.fast.native``) and ``chain.triton_fb`` (the Triton launch machinery,
 ``models.fast.triton_loops``); nothing here imports a recipe or ``data_io`` (a recipe's data files, such
 as its scoring filter, are read by path).
 """

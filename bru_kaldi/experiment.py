@@ -7,6 +7,7 @@
   res.res               one line per epoch, then one per decoded set   learning_curve.png
   checkpoint.pt         the latest complete chunk (model, optimisers, progress)
   final.pt              the trained weights    feature_norm.npz, pdf_counts, final.mdl: what forward needs
+  front_end.json        the inputs' front end    decoding.json  the graph and the chosen scale: what transcribe.py reads
   best.pt               with [exp] patience, the weights of the lowest dev error so far: final.pt at the end
   forward_<set>/        loglikes.ark, loglikes.scp     decode_<set>/   hypotheses, per-utterance counts
   .done/<stage>         a stage's marker, written after all its outputs

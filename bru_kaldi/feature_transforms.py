@@ -220,6 +220,94 @@ def splice(feats: np.ndarray, left: int, right: int) -> np.ndarray:
     return np.concatenate([padded[j:j + T] for j in range(left + 1 + right)], axis=1)
 
 
+# --------------------------------------------------------------------------- frames as they arrive
+class OnlineCmvn:
+    """Kaldi's ``OnlineCmvn`` (``apply-cmvn-online``) for a speaker never seen: causal sliding-window CMVN
+    from a global prior, frames ``(T, D)`` -> ``(T, D)`` float32, given all at once or chunk by chunk.
+
+    Frame ``t`` is normalised with the statistics of the last ``cmn_window`` frames up to and including
+    it; while there are fewer, the window is topped up with ``min(cmn_window - n, global_frames)``
+    frames' worth of ``global_stats`` (Kaldi's ``global_cmvn.stats``, scaled to that count), so that the
+    first frames lean on the training set's mean. Defaults are Kaldi's ``OnlineCmvnOptions``. Written by
+    hand: kaldi-native-fbank has no online CMVN. One object normalises one stream; ``norm_vars`` as
+    :func:`apply_cmvn`'s.
+
+    >>> cmvn = OnlineCmvn(compute_cmvn_stats(np.zeros((10, 2))), cmn_window=3, global_frames=1)
+    >>> cmvn(np.array([[3.0, 3.0], [6.0, 6.0]], dtype=np.float32))[:, 0]  # 3 - (3 + 0) / 2; 6 - (3 + 6 + 0) / 3
+    array([1.5, 3. ], dtype=float32)
+    """
+
+    def __init__(self, global_stats: np.ndarray, cmn_window: int = 600, global_frames: int = 200,
+                 norm_vars: bool = False):
+        self.prior = np.asarray(global_stats, dtype=np.float64)
+        if self.prior.ndim != 2 or self.prior.shape[0] != 2 or not self.prior[0, -1] > 0:
+            raise ValueError(f"global CMVN stats must be (2, D + 1) with a positive count, got {self.prior.shape}")
+        if not 0 < global_frames <= cmn_window:
+            raise ValueError(f"expected 0 < global_frames <= cmn_window, got {global_frames} and {cmn_window}")
+        self.window, self.global_frames, self.norm_vars = cmn_window, global_frames, norm_vars
+        self.history = np.zeros((0, self.prior.shape[1] - 1))  # the last cmn_window - 1 frames, float64
+
+    def __call__(self, feats: np.ndarray) -> np.ndarray:
+        feats = np.asarray(feats, dtype=np.float32)
+        dim = self.prior.shape[1] - 1
+        if feats.ndim != 2 or feats.shape[1] != dim:
+            raise ValueError(f"online CMVN of dimension {dim}, features of shape {feats.shape}")
+        frames = np.concatenate([self.history, feats.astype(np.float64)])
+        ends = np.arange(len(self.history), len(frames)) + 1  # each new frame's window ends after it
+        starts = np.maximum(ends - self.window, 0)
+        sums = np.concatenate([np.zeros((1, dim)), np.cumsum(frames, axis=0)])
+        squares = np.concatenate([np.zeros((1, dim)), np.cumsum(frames * frames, axis=0)])
+        count = (ends - starts).astype(np.float64)[:, None]
+        topped = np.minimum(self.window - count, self.global_frames) / self.prior[0, -1]  # prior frames per frame
+        mean_sum = sums[ends] - sums[starts] + topped * self.prior[0, :dim]
+        total = count + topped * self.prior[0, -1]
+        mean = mean_sum / total
+        scale = np.ones_like(mean)
+        if self.norm_vars:  # as apply_cmvn: the variance floored at 1e-20
+            square_sum = squares[ends] - squares[starts] + topped * self.prior[1, :dim]
+            scale = 1.0 / np.sqrt(np.maximum(square_sum / total - mean * mean, 1e-20))
+        self.history = frames[max(0, len(frames) - self.window + 1):]
+        return feats * scale.astype(np.float32) + (-mean * scale).astype(np.float32)
+
+
+class OnlineContext:
+    """Deltas then splicing (:func:`add_deltas`, :func:`splice`) of frames that arrive in chunks: a frame
+    comes out once the frames its window reaches have arrived (:attr:`lookahead` of them after it), or at
+    the end of the stream, where the last frame is repeated as offline. Row for row what the offline
+    functions give over the whole stream.
+
+    >>> context = OnlineContext(delta_order=0, delta_window=2, left=1, right=1)
+    >>> x = np.arange(4, dtype=np.float32)[:, None]
+    >>> context.push(x[:2]).tolist(), context.push(x[2:], final=True).tolist()
+    ([[0.0, 0.0, 1.0]], [[0.0, 1.0, 2.0], [1.0, 2.0, 3.0], [2.0, 3.0, 3.0]])
+    """
+
+    def __init__(self, delta_order: int, delta_window: int, left: int, right: int):
+        self.delta_order, self.delta_window, self.left, self.right = delta_order, delta_window, left, right
+        reach = delta_order * delta_window  # frames a delta reaches on each side
+        self.lookahead, self.behind = reach + right, reach + left
+        self.frames: Optional[np.ndarray] = None  # the frames still needed, from stream frame self.first on
+        self.first = 0
+        self.emitted = 0  # frames given out so far
+
+    def push(self, feats: np.ndarray, final: bool = False) -> np.ndarray:
+        """The frames that are complete now, ``(n, D * (order + 1) * (left + 1 + right))``."""
+        feats = np.asarray(feats, dtype=np.float32)
+        self.frames = feats if self.frames is None else np.concatenate([self.frames, feats])
+        total = self.first + len(self.frames)
+        end = total if final else total - self.lookahead
+        width = self.frames.shape[1] * (self.delta_order + 1) * (self.left + 1 + self.right)
+        if end <= self.emitted:
+            return np.zeros((0, width), dtype=np.float32)
+        low = max(self.first, self.emitted - self.behind)  # rows before low + behind see a false left edge
+        window = self.frames[low - self.first:]
+        out = splice(add_deltas(window, self.delta_order, self.delta_window), self.left, self.right)
+        out = out[self.emitted - low:end - low]
+        keep = max(self.first, end - self.behind)
+        self.frames, self.first, self.emitted = self.frames[keep - self.first:], keep, end
+        return out
+
+
 # --------------------------------------------------------------------------- global normalisation
 @dataclass
 class GlobalNorm:

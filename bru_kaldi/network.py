@@ -36,6 +36,7 @@ import dataclasses
 import difflib
 import inspect
 import typing
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -371,3 +372,19 @@ def has_unused_parameters(model: AcousticModel, device: torch.device) -> bool:
     model.zero_grad(set_to_none=True)
     model.train()
     return unused
+
+
+def load_trained(config: Config, model_dir: Path, device: torch.device) -> AcousticModel:
+    """The model of ``model_dir/final.pt``, built from ``config``'s architectures, in evaluation mode."""
+    path = model_dir / "final.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no trained model (run the training first, or give --model EXP_DIR)")
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    model, _ = build_model(config, saved["input_dim"], saved["num_pdfs"], saved["num_mono"] or None,
+                           stream_dims=saved.get("stream_dims"))
+    try:
+        model.load_state_dict(saved["model"])
+    except RuntimeError as error:
+        raise ConfigError(f"{config.source}: the architectures do not match the model in {path}: {error}") from None
+    set_epoch_dropout(model, config, config.exp.n_epochs_tr - 1)  # the rates it ended training with
+    return model.to(device).eval()

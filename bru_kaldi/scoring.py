@@ -198,6 +198,8 @@ def main(argv=None) -> None:
     scorer.add_argument("--scoring", default=PLAIN, help="as for filter")
     scorer.add_argument("ref")
     scorer.add_argument("hyp")
+    scorer.add_argument("--against", metavar="HYP2", help="a second hypothesis file of the same utterances: the "
+                        "difference (HYP2 - HYP), its matched-pairs test and the probability that HYP2 is better")
     args = parser.parse_args(argv)
     try:
         scoring_filter(args.scoring)
@@ -209,10 +211,28 @@ def main(argv=None) -> None:
             if parts:
                 print(" ".join([parts[0], *filter_tokens(parts[1:], args.scoring)]))
         return
-    result = score(read_text(args.ref), read_text(args.hyp), args.scoring)
+    refs = read_text(args.ref)
+    result = score(refs, read_text(args.hyp), args.scoring)
     print(result.total.kaldi_line())
     if result.missing:
         print(f"{len(result.missing)} utterance(s) without a hypothesis, counted as deletions: {' '.join(result.missing[:10])}")
+    if args.against:
+        print(compared(result, score(refs, read_text(args.against), args.scoring), args.against))
+
+
+def compared(a: Score, b: Score, name: str) -> str:
+    """B against A on the same utterances, one line: B's error rate, the difference in points, the
+    matched-pairs test over utterances and the bootstrap probability that B is better (Kaldi's
+    ``compute-wer-bootci``); one system each, so the only variation is the test set's."""
+    from bru_kaldi.comparison import statistics
+
+    utts = sorted(a.per_utterance)
+    errors_a, errors_b = ([s.per_utterance[u].errors for u in utts] for s in (a, b))
+    lengths = [a.per_utterance[u].ref_len for u in utts]
+    paired = statistics.matched_pairs(errors_a, errors_b)
+    better = statistics.probability_of_improvement(errors_a, errors_b, lengths)
+    return (f"{name}: {b.total.kaldi_line()}, {b.total.rate - a.total.rate:+.2f} points; matched pairs "
+            f"p = {paired.p_value:.2g}; probability of improvement {better:.3f}")
 
 
 if __name__ == "__main__":

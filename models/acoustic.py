@@ -151,12 +151,45 @@ class AcousticModel(nn.Module):
             frames = -(-x.shape[1] // f)
             x = torch.nn.functional.pad(x, (0, 0, 0, frames * f - x.shape[1])).reshape(x.shape[0], frames, -1)
             lengths = self.output_lengths(torch.as_tensor(lengths), frame_shift)
+        kept = slice(frame_shift, None, f) if f > 1 and not self.splice else slice(None)
+        return self._outputs(x, lambda index, stack, inputs: stack(inputs, lengths), kept)
+
+    def stream(self, x: torch.Tensor, states: Optional[list] = None) -> tuple[dict[str, torch.Tensor], list]:
+        """One chunk ``x`` ``(B, T, F)`` of sequences run chunk by chunk, in evaluation: the outputs
+        :meth:`forward` gives for these frames of the whole sequences, and the states (one per stack) to
+        pass with the next chunk (``None`` for the first). Each stack carries its layers' recurrent states;
+        a stack that reads the future (bidirectional, a backward recursion) raises ``ValueError``. The outputs
+        are those of every frame: with frame subsampling (``frame_subsampling = "output"``), the caller keeps
+        every ``f``-th, counting from the sequence's first frame; a model of spliced frames does not stream.
+
+        >>> import models
+        >>> net = AcousticModel([models.build_stack("libru", 13, [8, 8])], num_senones=20).eval()
+        >>> x = torch.randn(1, 9, 13)
+        >>> first, states = net.stream(x[:, :5])
+        >>> second, _ = net.stream(x[:, 5:], states)
+        >>> torch.allclose(torch.cat([first["senone"], second["senone"]], 1), net(x, [9])["senone"], atol=1e-5)
+        True
+        """
+        if self.splice:
+            raise ValueError("a model trained on spliced frames (frame_subsampling = splice) does not stream: its "
+                             "outputs need whole groups of frames")
+        states = list(states) if states is not None else [None] * len(self.stacks)
+
+        def run(index, stack, inputs):
+            out, states[index] = stack.stream(inputs, states[index])
+            return out
+
+        return self._outputs(x, run, slice(None)), states
+
+    def _outputs(self, x: torch.Tensor, run, kept: slice) -> dict[str, torch.Tensor]:
+        """The outputs, each stack run by ``run(index, stack, inputs)`` (on whole sequences or on a chunk), the
+        heads on the output frames ``kept`` of the last stack's (every frame, or every f-th from the shift)."""
         out, outs = {}, []
         for index, stack in enumerate(self.stacks):
             if self.sources is None:
-                outs.append(stack(outs[-1] if outs else x, lengths))
+                outs.append(run(index, stack, outs[-1] if outs else x))
             else:
-                outs.append(stack(self._gather(x, outs, self.sources[index]), lengths))
+                outs.append(run(index, stack, self._gather(x, outs, self.sources[index])))
             if index == self.mse_stack:
                 out["mse"] = outs[-1]
             if index == self.feature_stack:
@@ -164,8 +197,7 @@ class AcousticModel(nn.Module):
         if self.senone is None:
             return out
         x = outs[-1] if self.sources is None else self._gather(x, outs, self.sources[-1])
-        if f > 1 and not self.splice:  # (B, T, H) -> (B, T', H): every f-th frame from the shift
-            x = x[:, frame_shift::f]
+        x = x[:, kept]  # (B, T, H) -> (B, T', H): with frame subsampling, every f-th frame from the shift
         # The heads' products in aligned rows on the CPU (models.fast.products): their input gradient is
         # as wide as the last layer, 1100 floats for 550 units both ways, the width that slows GEMM.
         out["senone"] = linear(x, self.senone.weight, self.senone.bias)

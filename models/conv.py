@@ -271,6 +271,12 @@ class ConvStack(nn.Module):
             return h.view(B, T, -1)
         return h.new_zeros(B, T, h.size(1)).masked_scatter(mask[..., None], h)
 
+    def stream(self, x: torch.Tensor, state=None):
+        """One chunk ``(B, T, F)`` of a stream: frame-wise, so nothing is carried (``state`` stays ``None``)."""
+        if self.training:
+            raise ValueError("a stack streams in evaluation mode only")
+        return self(x, torch.full((x.size(0),), x.size(1), device=x.device)), None
+
 
 # What build_conv_stack takes that every layer has (as a recurrent stack's layers): not a unit's option.
 LAYER_PARAMETERS = ("dropout", "norm", "dropout_at", "input_norm")

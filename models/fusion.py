@@ -165,6 +165,9 @@ class FusionLiGRUCell(LiGRUCell):
     def forward(self, proj: torch.Tensor, lengths: torch.Tensor):
         return super().forward(self.fuse(proj, lengths), lengths)
 
+    def stream(self, proj: torch.Tensor, state):
+        return super().stream(self.fuse(proj, torch.full((proj.size(0),), proj.size(1), device=proj.device)), state)
+
     def _inner_mask(self, proj) -> tuple:
         return tuple(m / (1.0 - self.inner_dropout) for m in super()._inner_mask(proj))
 

@@ -230,3 +230,6 @@ class MLPCell(Cell):
 
     def forward(self, proj, lengths):
         return F.dropout(self.activation(proj), self.inner_dropout, self.training), None
+
+    def stream(self, proj, state):
+        return self.forward(proj, None), None  # frame by frame: nothing to carry

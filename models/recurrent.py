@@ -60,6 +60,11 @@ def check_inputs(x: torch.Tensor, lengths, input_size: int) -> tuple[torch.Tenso
     return lengths, mask
 
 
+def _full_lengths(x: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` lengths of a batch ``(B, T, ...)`` without padding: a chunk of a stream."""
+    return torch.full((x.size(0),), x.size(1), dtype=torch.long, device=x.device)
+
+
 def has_padding(lengths: torch.Tensor, steps: int) -> bool:
     """Whether a batch of ``lengths`` padded to ``steps`` frames has padded frames at all. A batch
     without them (common with length-sorted batches) skips the masks: each is a pass over every
@@ -230,6 +235,9 @@ class Cell(nn.Module):
     # True when a stack's first layer alone takes the options (keyword arguments of __init__) a config sets and
     # the later layers keep their defaults (fusionrnn: the microphones its first layer's input holds).
     options_first_layer_only = False
+    # Whether the output at frame t depends on the frames up to t only, so that a sequence can be run
+    # chunk by chunk (:meth:`stream`): a unit with a backward recursion in ``finish`` is not.
+    causal = True
 
     def __init__(self, hidden_size: int):
         super().__init__()
@@ -271,13 +279,29 @@ class Cell(nn.Module):
 
     def reference_forward(self, proj: torch.Tensor, lengths: torch.Tensor):
         """The straightforward time loop with autograd: the reference the fast paths are tested against."""
-        state = self.initial_state(proj)
+        stacked, _ = self.scan(proj, self.initial_state(proj))
+        return self.finish(proj, stacked, lengths)
+
+    def scan(self, proj: torch.Tensor, state: State) -> tuple[State, State]:
+        """The forward recursion over ``proj`` ``(B, T, G*H)`` from ``state``: the emissions stacked over
+        time, ``(B, T, ...)`` each, and the state after the last frame."""
         emitted = []
         for t in range(proj.size(1)):
             out, state = self.step(proj[:, t], state)
             emitted.append(out)
-        stacked = tuple(torch.stack(e, dim=1) for e in zip(*emitted))
-        return self.finish(proj, stacked, lengths)
+        return tuple(torch.stack(e, dim=1) for e in zip(*emitted)), state
+
+    def stream(self, proj: torch.Tensor, state: Optional[State]):
+        """One chunk of sequences run chunk by chunk: ``proj`` ``(B, T, G*H)`` follows the chunk that left
+        ``state`` (``None``: the sequences start here). Returns ``((output, probabilities), state)``, the
+        output being what :meth:`forward` gives for these frames of the whole sequences. The reference
+        loop runs (the fast paths start from the initial state); a unit that is not :attr:`causal` is refused.
+        """
+        if not self.causal:
+            raise ValueError(f"{type(self).__name__} ({self.extra_repr()}) has a backward recursion: each output "
+                             "depends on the frames after it, so it cannot run chunk by chunk")
+        stacked, state = self.scan(proj, self.initial_state(proj) if state is None else state)
+        return self.finish(proj, stacked, _full_lengths(proj)), state
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}"
@@ -354,15 +378,39 @@ class RecurrentLayer(nn.Module):
     def forward(self, x: torch.Tensor, lengths) -> torch.Tensor:
         return self._run(x, lengths, posteriors=False)
 
+    def stream(self, x: torch.Tensor, state=None) -> tuple[torch.Tensor, object]:
+        """One chunk ``x`` ``(B, T, F)`` of sequences run chunk by chunk, in evaluation: ``state`` is what the
+        previous chunk returned (``None`` for the first). Returns ``(B, T, H)``, the frames :meth:`forward`
+        gives over the whole sequences, and the state for the next chunk. A bidirectional layer is refused.
+
+        >>> import models
+        >>> layer = models.build("libru", 3, 4).eval()
+        >>> x = torch.randn(1, 6, 3)
+        >>> first, state = layer.stream(x[:, :4])
+        >>> second, _ = layer.stream(x[:, 4:], state)
+        >>> torch.allclose(torch.cat([first, second], 1), layer(x, [6]), atol=1e-6)
+        True
+        """
+        if self.training:
+            raise ValueError("a layer streams in evaluation mode only (dropout and batch statistics would differ "
+                             "from chunk to chunk)")
+        if self.bidirectional:
+            raise ValueError(f"a bidirectional {type(self.cells[0]).__name__} layer reads each sequence from its "
+                             "end: it cannot run chunk by chunk")
+        states = [state]
+        out = self._run(x, _full_lengths(x), posteriors=False, states=states)
+        return out, states[0]
+
     def posteriors(self, x: torch.Tensor, lengths) -> torch.Tensor:
         """The probabilities the unit computes (``h``, ``alpha`` or ``gamma``), ``(B, T, D*H)``."""
         if not self.cells[0].has_posteriors:
             raise TypeError(f"{type(self.cells[0]).__name__} computes no probabilities")
         return self._run(x, lengths, posteriors=True)
 
-    def _run(self, x: torch.Tensor, lengths, posteriors: bool):
+    def _run(self, x: torch.Tensor, lengths, posteriors: bool, states: Optional[list] = None):
         """The output or (``posteriors``) the probabilities: only the one asked for is reordered and
-        concatenated."""
+        concatenated. ``states``: one per direction, the cells run from them (:meth:`Cell.stream`) and
+        they are replaced by the states after the last frame."""
         lengths, mask = check_inputs(x, lengths, self.input_size)
         if self.training and self.dropout > 0:
             keep = x.new_empty(x.size(0), 1, x.size(2)).bernoulli_(1 - self.dropout)  # (B, 1, F): one mask per sequence
@@ -394,8 +442,11 @@ class RecurrentLayer(nn.Module):
             forward_part, backward_part = projs[0].chunk(2, dim=-1)
             projs = [forward_part, reverse_padded(backward_part, lengths, time_dim=0)]
         outputs = []
-        for cell, p in zip(self.cells, projs):
-            out, prob = cell(p.transpose(0, 1), lengths)
+        for d, (cell, p) in enumerate(zip(self.cells, projs)):
+            if states is None:
+                out, prob = cell(p.transpose(0, 1), lengths)
+            else:
+                (out, prob), states[d] = cell.stream(p.transpose(0, 1), states[d])
             outputs.append((cell.probabilities(out, prob) if posteriors else out).transpose(0, 1))  # (T, B, H)
         out = outputs[0] if D == 1 else merge_directions(*outputs, lengths)
         if padded:
@@ -436,6 +487,16 @@ class RecurrentStack(nn.Module):
         for layer in self.layers:
             x = layer(x, lengths)
         return x
+
+    def stream(self, x: torch.Tensor, states: Optional[list] = None) -> tuple[torch.Tensor, list]:
+        """One chunk ``(B, T, F)`` of sequences run chunk by chunk (see :meth:`RecurrentLayer.stream`):
+        ``states``, one per layer, as the previous chunk returned them (``None`` for the first)."""
+        states = list(states) if states is not None else [None] * len(self.layers)
+        if self.input_norm is not None:  # frame by frame in evaluation: running statistics
+            x = self.input_norm(x)
+        for k, layer in enumerate(self.layers):
+            x, states[k] = layer.stream(x, states[k])
+        return x, states
 
 
 def logit(p: float) -> float:

@@ -68,6 +68,10 @@ class UBRUTpamiCell(RecurrentMatrixCell):
     def prior(self) -> torch.Tensor:
         return torch.sigmoid(self.prior_logit)
 
+    @property
+    def causal(self) -> bool:
+        return self.backward is None  # the smoothing of eq. 51 runs from the last frame back
+
     def initial_state(self, proj):
         batch = proj.size(0)
         log_p, log_not_p = (v.expand(batch, -1) for v in log_sigmoid_pair(self.prior_logit))
@@ -145,6 +149,10 @@ class LBRUCell(RecurrentMatrixCell):
             self.backward_recurrent = nn.Linear(hidden_size, hidden_size)  # U_b, b_b of (78)
             orthogonal_blocks_(self.backward_recurrent.weight, hidden_size)
             nn.init.zeros_(self.backward_recurrent.bias)
+
+    @property
+    def causal(self) -> bool:
+        return self.backward is None  # eq. 78 runs from the last frame back
 
     def initial_state(self, proj):
         h = proj.new_full((proj.size(0), self.hidden_size), 0.5)

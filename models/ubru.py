@@ -89,6 +89,10 @@ class UBRUCell(Cell):
         """``log tau11, log(1 - tau11), log tau01, log(1 - tau01)``, each ``(H,)``."""
         return (*log_sigmoid_pair(self.tau11_logit), *log_sigmoid_pair(self.tau01_logit))
 
+    @property
+    def causal(self) -> bool:
+        return self.backward is None  # the Kalman and HMM passes run from the last frame back
+
     def initial_state(self, proj):
         # State: logit(alpha_{t-1}); alpha_0 = rho0 (sec. 3.5).
         return (self.rho0_logit.expand(proj.size(0), -1),)

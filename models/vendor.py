@@ -50,3 +50,10 @@ class VendorRNN(nn.Module):
         out, _ = self.rnn(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.size(1))
         return out
+
+    def stream(self, x: torch.Tensor, state=None):
+        """One chunk ``(B, T, F)`` of sequences run chunk by chunk, in evaluation (as
+        ``RecurrentLayer.stream``): ``state`` is the vendor's ``h`` (``(h, c)`` for the LSTM), or ``None``."""
+        if self.training or self.bidirectional:
+            raise ValueError(f"cudnn_{type(self.rnn).__name__.lower()} streams unidirectional and in evaluation only")
+        return self.rnn(x, state)

@@ -32,6 +32,32 @@ def tiny_words(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_word_model(tiny_words, tmp_path_factory):
+    """A word model trained and decoded by ``run_exp.py`` on the tiny corpus's word task: cfg/MINIW_liBRU.cfg
+    with 2x64 units for 24 epochs (15 s), enough to decode words (most of them wrong: 12
+    training utterances), the Python decoder. Its experiment folder; read-only, as ``tiny_words``."""
+    import logging
+    from pathlib import Path
+
+    import run_exp
+    from bru_kaldi.torch_state import run_settings
+
+    folder = tmp_path_factory.mktemp("tiny_word_model") / "exp"
+    # one thread: batches of four short utterances, whose products two threads only slow down (ten times, on a
+    # machine whose cores are busy)
+    with pytest.MonkeyPatch.context() as patch, run_settings(threads=1):
+        patch.setenv("MINI_TIMIT", str(tiny_words.root))
+        code = run_exp.main([str(Path(__file__).resolve().parents[1] / "cfg" / "MINIW_liBRU.cfg"),
+                             f"--exp,out_folder={folder}", "--exp,builtin_corpus=none", "--exp,device=cpu",
+                             "--exp,n_epochs_tr=24", "--architecture1,sizes=64,64", "--architecture1,arch_lr=0.004",
+                             "--batches,batch_size_train=4", "--dataset1,n_chunks=1", "--decoding,decoder=python",
+                             "--decoding,num_jobs=2", "--decoding,acwt_sweep=0.1,0.2", "--decoding,wip_sweep=0.0"])
+    logging.shutdown()
+    assert code == 0, (folder / "log.txt").read_text()[-3000:]
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_extra_streams(tiny_corpus, tmp_path_factory):
     """A copy of ``tiny_corpus`` with its opt-in streams (``local/extra_streams.py --raw --mics 6``, ~5 s,
     117 MB): ``data/<split>/feats_raw.scp`` and ``feats_mfcc_mic{1..6}.scp`` + ``cmvn_mfcc_mic{1..6}.scp``.

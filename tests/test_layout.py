@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = sorted((ROOT / "bru_kaldi").rglob("*.py"))
 MODELS = sorted((ROOT / "models").rglob("*.py"))
-TOP = [ROOT / "run_exp.py", ROOT / "data_io.py", ROOT / "compare.py"]
+TOP = [ROOT / "run_exp.py", ROOT / "data_io.py", ROOT / "compare.py", ROOT / "transcribe.py"]
 OURS = LIBRARY + MODELS + TOP + sorted((ROOT / "recipes").rglob("*.py")) + sorted((ROOT / "bench").rglob("*.py"))
 
 
@@ -36,7 +36,8 @@ def imported(path: Path) -> set[str]:
 
 def test_the_top_level_python_files_are_the_entry_points():
     loose = sorted(p.name for p in ROOT.glob("*.py"))
-    assert loose == ["compare.py", "data_io.py", "run_exp.py"], f"library modules belong in bru_kaldi/: {loose}"
+    assert loose == ["compare.py", "data_io.py", "run_exp.py", "transcribe.py"], \
+        f"library modules belong in bru_kaldi/: {loose}"
 
 
 def _relative(path: Path) -> str:
@@ -144,7 +145,8 @@ def test_a_wheel_installs_the_units_for_other_projects(tmp_path):
     keep = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("models", "bru_kaldi"):
         shutil.copytree(ROOT / name, source / name, ignore=keep)
-    for name in ("pyproject.toml", "README.md", "requirements.txt", "data_io.py", "run_exp.py", "compare.py"):
+    for name in ("pyproject.toml", "README.md", "requirements.txt", "data_io.py", "run_exp.py", "compare.py",
+                 "transcribe.py"):
         shutil.copy(ROOT / name, source / name)
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                             "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True)

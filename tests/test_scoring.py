@@ -97,3 +97,19 @@ def test_reading_a_bad_text_file_names_the_problem(tmp_path):
     (tmp_path / "text").write_text("u1 a\nu1 b\n")
     with pytest.raises(ValueError, match=r"text:2: utterance u1 appears twice"):
         read_text(tmp_path / "text")
+
+
+def test_a_second_hypothesis_is_compared_utterance_by_utterance(tmp_path, capsys):
+    """``score REF HYP --against HYP2``: HYP2 makes one more error on two of three utterances, so the
+    per-utterance differences are 1, 1, 0: z = (2/3) / (sd 0.577 / sqrt 3) = 2.0, p = erfc(2 / sqrt 2) = 0.046;
+    HYP2 is never better in any bootstrap replicate."""
+    from bru_kaldi.scoring import main
+
+    write_text({"u1": "a b".split(), "u2": "c d".split(), "u3": "e f".split()}, tmp_path / "ref")
+    write_text({"u1": "a b".split(), "u2": "c d".split(), "u3": "e x".split()}, tmp_path / "hyp")
+    write_text({"u1": "a x".split(), "u2": "x d".split(), "u3": "e x".split()}, tmp_path / "hyp2")
+    main(["score", str(tmp_path / "ref"), str(tmp_path / "hyp"), "--against", str(tmp_path / "hyp2")])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["%WER 16.67 [ 1 / 6, 0 ins, 0 del, 1 sub ]",
+                     f"{tmp_path / 'hyp2'}: %WER 50.00 [ 3 / 6, 0 ins, 0 del, 3 sub ], +33.33 points; matched pairs "
+                     "p = 0.046; probability of improvement 0.000"]

@@ -118,6 +118,50 @@ def test_merge_directions_equals_reversal_then_concatenation():
     assert all(g.is_contiguous() for g in grads)  # the C++ kernels take them as they are
 
 
+def _streams(layer) -> bool:
+    """Whether a layer runs chunk by chunk: no backward recursion (a vendor layer has none)."""
+    return all(cell.causal for cell in getattr(layer, "cells", []))
+
+
+@pytest.mark.parametrize("unit, options", VARIANTS, ids=[variant_id(v) for v in VARIANTS])
+def test_a_layer_run_chunk_by_chunk_gives_its_whole_sequence_output(unit, options):
+    """``stream`` carries each direction's recurrent state from chunk to chunk: the chunks' outputs put
+    together are the whole sequences' (the fast path where the unit has one); a unit with a backward
+    recursion, and any bidirectional layer, is refused with a ValueError."""
+    layer = make_layer(unit, options, input_size=5, hidden_size=6, seed=3)
+    x = torch.randn(2, 11, 5, generator=torch.Generator().manual_seed(4))
+    if not _streams(layer):
+        with pytest.raises(ValueError, match="cannot run chunk by chunk"):
+            layer.stream(x[:, :3])
+        return
+    whole = layer(x, torch.tensor([11, 11]))
+    state, pieces = None, []
+    for start, stop in ((0, 1), (1, 5), (5, 7), (7, 11)):
+        out, state = layer.stream(x[:, start:stop], state)
+        pieces.append(out)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, atol=2e-5, rtol=1e-4)
+    if unit != "mlp":
+        with pytest.raises(ValueError, match="bidirectional|unidirectional"):
+            make_layer(unit, options, input_size=5, hidden_size=6, bidirectional=True).stream(x)
+    with pytest.raises(ValueError, match="evaluation"):
+        layer.train().stream(x)
+
+
+def test_a_stack_with_norms_streams_on_its_running_statistics():
+    """Batch norm of the input and of the projections, in evaluation, uses its running statistics: frame
+    by frame, so a stack streams to the output it gives whole."""
+    stack = models.build_stack("libru", 5, [6, 4], norm="batch", input_norm="layer+batch")
+    for module in stack.modules():  # statistics away from their initial 0 and 1, as after training
+        if hasattr(module, "running_mean"):
+            module.running_mean.uniform_(-1, 1)
+            module.running_var.uniform_(0.5, 2)
+    stack.eval()
+    x = torch.randn(1, 9, 5)
+    first, states = stack.stream(x[:, :4])
+    second, _ = stack.stream(x[:, 4:], states)
+    torch.testing.assert_close(torch.cat([first, second], dim=1), stack(x, [9]), atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("unit, options", VARIANTS, ids=[variant_id(v) for v in VARIANTS])
 def test_long_sequences_with_large_preactivations_stay_finite(unit, options):
     """T = 2000 and pre-activations up to |50|: no NaN or Inf in outputs or gradients."""

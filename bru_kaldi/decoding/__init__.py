@@ -53,8 +53,9 @@ def decode_sets(jobs: Sequence[DecodeJob], decoding: Decoding, tune_on: Optional
     one leaning more on the graph). Every other set is decoded at that scale only. Kaldi:
     ``decode_dnn.sh`` at ``acwt``, then ``score.sh`` over LMWT 1..10 x WIP 0.0/0.5/1.0 on ``tune_on``,
     ties going to the larger LM weight (the same rule), then the smaller penalty; untuned, LMWT is
-    round(1 / acwt). Each hypothesis file of score.sh is scored again with :func:`scoring.score`,
-    so that utterances Kaldi failed on count as deletions (``compute-wer --mode=present`` drops them).
+    round(post_decode_acwt / acwt) and the penalty the smallest of ``wip_sweep``, as the Python
+    decoder's. Each hypothesis file of score.sh is scored again with :func:`scoring.score`, so that
+    utterances Kaldi failed on count as deletions (``compute-wer --mode=present`` drops them).
     HCLG.fst is scanned against the model for the Python decoder only (Kaldi checks transition-ids
     itself, and its graphs can be too large for a scan in Python); ``graph_dir/num_pdfs`` always.
 

@@ -65,15 +65,21 @@ def word_spans(phones: Sequence[tuple[int, int, int]], boundary: Mapping[int, st
     return spans
 
 
-def ctm_lines(utt: str, alignment: Sequence[int], words: Sequence[str], model, boundary: Mapping[int, str],
-              frame_shift: float = FRAME_SHIFT) -> list[str]:
-    """CTM lines of one utterance's best path: ``alignment`` (transition-id per frame), its ``words``
-    (symbols, in order) and the TransitionModel ``model`` that made the graph."""
+def path_word_spans(alignment: Sequence[int], model, boundary: Mapping[int, str]) -> list[tuple[int, int]]:
+    """``(first frame, end frame)`` of each word of a best path: ``alignment`` (transition-id per frame)
+    cut into phones by the TransitionModel ``model`` that made the graph, then :func:`word_spans`."""
     phones, frame = [], 0
     for piece in model.split_to_phones(np.asarray(alignment, dtype=np.int32)):
         phones.append((int(model.tid2phone[piece[0]]), frame, frame + len(piece)))
         frame += len(piece)
-    spans = word_spans(phones, boundary)
+    return word_spans(phones, boundary)
+
+
+def ctm_lines(utt: str, alignment: Sequence[int], words: Sequence[str], model, boundary: Mapping[int, str],
+              frame_shift: float = FRAME_SHIFT) -> list[str]:
+    """CTM lines of one utterance's best path: ``alignment`` (transition-id per frame), its ``words``
+    (symbols, in order) and the TransitionModel ``model`` that made the graph."""
+    spans = path_word_spans(alignment, model, boundary)
     if len(spans) != len(words):
         raise ValueError(f"utterance {utt}: the path has {len(words)} words but its phones make {len(spans)}")
     return [f"{utt} 1 {first * frame_shift:.2f} {(end - first) * frame_shift:.2f} {word}"

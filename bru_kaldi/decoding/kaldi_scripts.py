@@ -145,8 +145,10 @@ def lm_weights(post_decode_acwt: float) -> tuple[int, ...]:
 def decode_kaldi(prepared: Sequence[Prepared], decoding, tune_on: Optional[str],
                   log: Callable[[str], None]) -> dict[str, SetResult]:
     num_jobs = decoding.num_jobs or os.cpu_count() or 1
-    # untuned: the LM weight that undoes the acoustic scale the lattices were made with
-    lmwt, wip = max(1, round(decoding.post_decode_acwt / decoding.acwt)), KALDI_WIPS[0]
+    # untuned: the LM weight that undoes the acoustic scale the lattices were made with, and the smallest
+    # penalty of wip_sweep (as the Python decoder's)
+    lmwt = max(1, round(decoding.post_decode_acwt / decoding.acwt))
+    wip = str(float(min(decoding.wip_sweep, default=0)))
     note = "LM weight round([decoding] post_decode_acwt / acwt), not tuned"
     log(f"decoding with Kaldi (kaldi_decoding_scripts/decode_dnn.sh, score.sh), {num_jobs} job(s), "
         f"acwt {decoding.acwt:g}" + (f"; LM weight and insertion penalty tuned on {tune_on}" if tune_on
@@ -171,5 +173,6 @@ def decode_kaldi(prepared: Sequence[Prepared], decoding, tune_on: Optional[str],
             chosen = passes[0]
         if not chosen.alignments and read_word_boundary(p.job.graph_dir) is not None:  # the CTM needs them
             chosen.alignments = _kaldi_best_path(p, *(chosen.value or (lmwt, wip))).alignments
-        results[p.job.name] = finish(p, chosen, passes, seconds, 1, "kaldi", note, lines, log)
+        results[p.job.name] = finish(p, chosen, passes, seconds, 1, "kaldi", note, lines, log,
+                                     (decoding.post_decode_acwt / lmwt, float(wip)))
     return results

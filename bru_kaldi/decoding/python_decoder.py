@@ -175,5 +175,6 @@ def decode_python(prepared: Sequence[Prepared], decoding, tune_on: Optional[str]
                 passes, seconds = decode_python_set(p, [chosen_pair], decoding, run)
                 chosen = passes[0]
                 write_pass(p.job.out_dir, chosen)
-            results[p.job.name] = finish(p, chosen, passes, seconds, len(passes), "python", note, lines, log)
+            results[p.job.name] = finish(p, chosen, passes, seconds, len(passes), "python", note, lines, log,
+                                         chosen.value)
     return results

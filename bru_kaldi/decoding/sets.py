@@ -87,7 +87,8 @@ class SetResult:
     once per acoustic scale tried); ``rtf`` is per pass: ``seconds / passes / audio_seconds``.
     ``failed``: utterances with no path (scored as all deletions); ``partial``: utterances whose
     best path ends in a non-final state (kept, as Kaldi's ``--allow-partial=true`` does);
-    ``missing``: references with no log-likelihoods in the scp (scored as all deletions too).
+    ``missing``: references with no log-likelihoods in the scp (scored as all deletions too);
+    ``acoustic_scale`` and ``word_penalty``: the chosen setting as numbers (Kaldi's: ``post_decode_acwt / LMWT``).
 
     >>> r = SetResult("dev", "acwt=0.15", None, seconds=2.0, audio_seconds=40.0, rtf=0.05, failed=["u3"])
     >>> r.res_line()
@@ -106,6 +107,8 @@ class SetResult:
     num_utterances: int = 0
     passes: int = 1
     missing: list[str] = field(default_factory=list)
+    acoustic_scale: float = 0.0
+    word_penalty: float = 0.0
 
     def res_line(self) -> str:
         """One line for ``res.res``: ``dev: %WER 21.30 [ 1234 / 5793, 100 ins, 300 del, 834 sub ] acwt=0.15 ...``."""
@@ -294,10 +297,11 @@ def choose(passes: Sequence[Pass]) -> Pass:
 
 
 def finish(p: Prepared, chosen: Pass, passes: Sequence[Pass], seconds: float, decode_passes: int, decoder: str,
-            note: str, lines: list[str], log: Callable[[str], None]) -> SetResult:
+            note: str, lines: list[str], log: Callable[[str], None], scale: tuple[float, float]) -> SetResult:
     """Write the chosen hypotheses, counts, log and summary of one set (the summary last); report failures.
 
-    ``passes``: the settings tried (for the summary); ``decode_passes``: how often the set was decoded.
+    ``passes``: the settings tried (for the summary); ``decode_passes``: how often the set was decoded;
+    ``scale``: the chosen setting as (acoustic scale, word insertion penalty).
     """
     job, out_dir = p.job, p.job.out_dir
 
@@ -324,7 +328,7 @@ def finish(p: Prepared, chosen: Pass, passes: Sequence[Pass], seconds: float, de
     result = SetResult(job.name, chosen.setting, chosen.score, seconds=seconds, audio_seconds=audio,
                        rtf=seconds / decode_passes / audio if audio else 0.0, failed=sorted(chosen.failed),
                        decoder=decoder, partial=chosen.partial, num_utterances=len(p.frames), passes=decode_passes,
-                       missing=missing)
+                       missing=missing, acoustic_scale=scale[0], word_penalty=scale[1])
     scoring.write_text(chosen.hyps, out_dir / "text")
     if chosen.score is not None:
         scoring.write_per_utterance(chosen.score, out_dir / "per_utt")

@@ -8,7 +8,8 @@ On the tests' tiny built-in corpus:
   (``hmm-info``, ``gmm-info``, ``tree-info``, ``ali-to-pdf``, ``copy-feats``, ``copy-matrix``), and its
   ML update (``gmm-acc-stats-ali`` + ``gmm-est``) on our alignments gives back our mono GMM;
 * our TransitionModel reader equals ``ali-to-pdf``, ``ali-to-phones`` and ``show-transitions``;
-* our ``fea_opts`` CMVN, deltas and splicing equal ``apply-cmvn``, ``add-deltas``, ``splice-feats``;
+* our ``fea_opts`` CMVN, deltas and splicing equal ``apply-cmvn``, ``add-deltas``, ``splice-feats``, and the
+  front end a data directory's ``conf/fbank.conf`` describes equals ``compute-fbank-feats --config`` (MFCC too);
 * our scoring equals ``compute-wer``; our bootstrap has ``compute-wer-bootci``'s definition;
 * ``decode_dnn.sh`` + ``score.sh`` run end to end, and the Python decoder's best path equals
   ``latgen-faster-mapped``'s at the same scale and beams.
@@ -170,6 +171,23 @@ def test_openfst_reads_our_den_fst(tiny_corpus, tmp_path):
 
 
 # --------------------------------------------------------------------------- our computations equal Kaldi's
+@pytest.mark.parametrize("kind", ["fbank", "mfcc"])
+def test_the_front_end_of_a_conf_file_equals_compute_feats(kind, tiny_corpus):
+    """What transcribe.py computes from a data directory's conf/<kind>.conf is compute-<kind>-feats' output."""
+    from bru_kaldi.audio import read_wav
+    from bru_kaldi.frontend import FrontEnd
+
+    data = tiny_corpus.data("dev")
+    theirs = text_matrices(kaldi(f"compute-{kind}-feats --config={data}/conf/{kind}.conf scp:{data}/wav.scp ark,t:-"))
+    front_end = FrontEnd.from_conf(data / "conf" / f"{kind}.conf", kind)
+    wavs = dict(line.split() for line in (data / "wav.scp").read_text().splitlines())
+    assert set(theirs) == set(wavs)
+    for utt, path in wavs.items():
+        # float32 FFTs of two libraries: one cepstrum in thousands differs by 2e-3
+        np.testing.assert_allclose(front_end.compute(read_wav(path, front_end.sample_rate)), theirs[utt],
+                                   atol=5e-3, rtol=1e-4)
+
+
 def test_cmvn_deltas_and_splicing_equal_kaldis(tiny_corpus):
     data = tiny_corpus.data("dev")
     theirs = text_matrices(kaldi(f"apply-cmvn --utt2spk=ark:{data}/utt2spk scp:{data}/cmvn.scp scp:{data}/feats.scp "

@@ -131,3 +131,18 @@ def test_wsj_libru_on_the_word_task_decodes_the_same_words_with_both_decoders(ti
         words = sum(len(line.split()) - 1 for line in (exp / "decode_test" / "text").read_text().splitlines())
         assert len(ctm) >= words and all(len(line.split()) == 5 for line in ctm), (words, ctm[:3])  # text: filtered
     assert dev_errors(logs["kaldi"], r"lmwt=10 wip=0\.0") == dev_errors(logs["python"], r"acwt=0\.1")
+
+
+def test_transcribe_decodes_the_same_words_with_kaldis_decoder(tiny_word_model, tiny_words):
+    """transcribe.py with Kaldi's binaries on PATH (decode_dnn.sh's lattices, their best path at the recorded
+    scale) and with the Python decoder: the same words for the test set."""
+    env = dict(os.environ, PATH=os.pathsep.join([*(str(Path(KALDI_ROOT, "src", d)) for d in ("bin", "latbin", "fstbin")),
+                                                 os.environ["PATH"]]))
+    outs = {}
+    for decoder in ("kaldi", "python"):
+        run = subprocess.run([sys.executable, "transcribe.py", str(tiny_word_model), "--decoder", decoder,
+                              f"scp:{tiny_words.data('test') / 'wav.scp'}"], cwd=ROOT, capture_output=True, text=True,
+                             env=env)
+        assert run.returncode == 0, run.stderr[-4000:]
+        outs[decoder] = run.stdout
+    assert outs["kaldi"] == outs["python"] and len(outs["python"].splitlines()) == 6

@@ -116,13 +116,21 @@ def subset_data_dir(source: Path, target: Path, speakers) -> None:
     """``target``: the Kaldi data dir ``source`` restricted to ``speakers`` and their utterances. Every
     table of ``source`` (``key value`` lines: feats.scp, cmvn.scp, text, utt2spk, spk2utt, ...) keeps the
     rows whose key is one of them or of their utterances; the archives the scp files point at are
-    shared (the paths in them do not depend on the data dir)."""
+    shared (the paths in them do not depend on the data dir), and so is ``conf/``, their options."""
     source, target = Path(source), Path(target)
     speakers = set(speakers)
     keep = speakers | {u for u, s in read_table(source / "utt2spk").items() if s in speakers}
     target.mkdir(parents=True, exist_ok=True)
     for table in sorted(p for p in source.iterdir() if p.is_file()):
         write_table(target / table.name, {k: v for k, v in read_table(table).items() if k in keep})
+    copy_conf(source, target)
+
+
+def copy_conf(source: Path, target: Path) -> None:
+    """``source/conf/*.conf`` (the options its features were computed with) into ``target/conf``: a data
+    dir that shares another's features shares their description."""
+    for conf in sorted((Path(source) / "conf").glob("*.conf")):
+        atomic_write_text(Path(target) / "conf" / conf.name, conf.read_text())
 
 
 def core_speakers(data_dir: Path, count: int) -> list[str]:

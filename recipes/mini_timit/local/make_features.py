@@ -1,8 +1,8 @@
 """Stage 2: Kaldi features and per-speaker CMVN statistics for every split.
 
-Two feature types, both with kaldi-native-fbank and Kaldi's defaults (``compute-fbank-feats``,
-``compute-mfcc-feats``: 25 ms Povey window every 10 ms, pre-emphasis 0.97, DC removal,
-``snip_edges=true``, mel bins from 20 Hz to Nyquist) except:
+Two feature types, both with kaldi-native-fbank (``bru_kaldi.frontend``) and Kaldi's defaults
+(``compute-fbank-feats``, ``compute-mfcc-feats``: 25 ms Povey window every 10 ms, pre-emphasis 0.97,
+DC removal, ``snip_edges=true``, mel bins from 20 Hz to Nyquist) except:
 
 * ``dither = 0``: Kaldi's default (1.0) adds random noise; without it the archives are
   byte-identical run to run (the noise added by the synthesis stage already fills empty bins);
@@ -14,6 +14,8 @@ Samples are fed on the int16 scale, as Kaldi reads wav files. Per split, as Kald
 
 * ``data/<split>/feats.scp`` + ``cmvn.scp``: 40-dim log mel filterbank (the toolkit's default input);
 * ``data/<split>/feats_mfcc.scp`` + ``cmvn_mfcc.scp``: 13-dim MFCC;
+* ``data/<split>/conf/fbank.conf`` and ``conf/mfcc.conf``: the options of each, as Kaldi's
+  ``make_fbank.sh`` and ``make_mfcc.sh`` leave theirs (what a trained model's front end is read from);
 * the archives in ``data/<split>/data/`` (one per job), ``utt2num_frames``, ``utt2dur``.
 
 CMVN statistics are Kaldi's: a (2, dim + 1) double matrix per speaker, row 0 the sums and the
@@ -24,57 +26,43 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import wave
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
+from bru_kaldi import audio
 from bru_kaldi.atomic import atomic_path
+from bru_kaldi.frontend import FrontEnd
 from recipes.mini_timit.local.layout import (CORE, SIZES, SPLITS, core_speakers, read_table, run_stage, stage_args,
                                              subset_data_dir, write_table)
 from recipes.mini_timit.local.synthesize import split_by_speaker
 
 FEATURES = ("fbank", "mfcc")
 SCP_NAMES = {"fbank": ("feats.scp", "cmvn.scp"), "mfcc": ("feats_mfcc.scp", "cmvn_mfcc.scp")}
-
-
-def extractor_options(kind: str):
-    """kaldi-native-fbank options: Kaldi's defaults, dither 0, 40 bins for fbank (see module doc)."""
-    import kaldi_native_fbank as knf
-
-    opts = knf.FbankOptions() if kind == "fbank" else knf.MfccOptions()
-    opts.frame_opts.samp_freq = 16000
-    opts.frame_opts.dither = 0.0
-    opts.frame_opts.snip_edges = True
-    opts.mel_opts.low_freq, opts.mel_opts.high_freq = 20.0, 0.0
-    if kind == "fbank":
-        opts.mel_opts.num_bins = 40
-        opts.use_energy = False
-    else:
-        opts.mel_opts.num_bins = 23
-        opts.num_ceps, opts.use_energy, opts.cepstral_lifter = 13, True, 22.0
-    return opts
+_COMMON = {"sample-frequency": "16000", "dither": "0", "snip-edges": "true", "low-freq": "20", "high-freq": "0"}
+FRONT_ENDS = {  # Kaldi's defaults but for these (see the module doc)
+    "fbank": FrontEnd("fbank", {**_COMMON, "num-mel-bins": "40", "use-energy": "false"}),
+    "mfcc": FrontEnd("mfcc", {**_COMMON, "num-mel-bins": "23", "num-ceps": "13", "use-energy": "true",
+                              "cepstral-lifter": "22"}),
+}
 
 
 def compute(kind: str, samples: np.ndarray) -> np.ndarray:
     """Features (T, D) float32 of int16-scale ``samples`` (N,)."""
-    import kaldi_native_fbank as knf
+    return FRONT_ENDS[kind].compute(samples)
 
-    extractor = (knf.OnlineFbank if kind == "fbank" else knf.OnlineMfcc)(extractor_options(kind))
-    extractor.accept_waveform(16000, samples.astype(np.float32))
-    extractor.input_finished()
-    n = extractor.num_frames_ready
-    return np.stack([extractor.get_frame(i) for i in range(n)]).astype(np.float32)
+
+def write_confs(data: Path) -> None:
+    """``data/conf/<kind>.conf`` for each feature type, as Kaldi's make_fbank.sh and make_mfcc.sh write theirs."""
+    for kind in FEATURES:
+        FRONT_ENDS[kind].write_conf(data / "conf" / f"{kind}.conf")
 
 
 def read_wav(path: str) -> np.ndarray:
     """int16 samples of a 16 kHz mono wav, as float32 on the int16 scale."""
-    with wave.open(path, "rb") as w:
-        if (w.getnchannels(), w.getsampwidth(), w.getframerate()) != (1, 2, 16000):
-            raise ValueError(f"{path}: expected 16-bit mono at 16 kHz")
-        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32)
+    return audio.read_wav(path, rate=16000)
 
 
 def feature_job(task: dict) -> dict[str, tuple[int, int]]:
@@ -164,6 +152,7 @@ def main() -> None:
                         scp.update(read_table(Path(task["dir"]) / f"raw_{kind}_{split}.{task['job']}.scp"))
                 write_table(data / SCP_NAMES[kind][0], scp)
                 write_cmvn(data, split, kind)
+            write_confs(data)
             write_table(data / "utt2num_frames", {u: str(n) for u, (n, _) in frames.items()})
             write_table(data / "utt2dur", {u: f"{samples / 16000:.4f}" for u, (_, samples) in frames.items()})
             print(f"{split}: {len(frames)} utterances, {sum(n for n, _ in frames.values())} frames")

@@ -4,7 +4,8 @@ Normalisation as WSJ's transcripts: upper case, punctuation removed, one space b
 prompts hold only letters, spaces and ``. , ?``; anything else is an error naming the utterance).
 
 ``data/<split>_words/`` is ``data/<split>/`` with word transcripts: every other table is copied
-byte for byte, so both tasks read the same features (absolute paths into ``data/<split>/data``).
+byte for byte, so both tasks read the same features (absolute paths into ``data/<split>/data``), and
+so is ``conf/``, the options they were computed with.
 
 The LM training text is drawn from the same templates and word lists as the prompts
 (``prepare_text.make_sentence``), seeded apart from them, plus the training prompts; a drawn
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recipes.mini_timit.local.layout import SPLITS, read_table, write_table
+from recipes.mini_timit.local.layout import SPLITS, copy_conf, read_table, write_table
 from recipes.mini_timit.local.prepare_text import make_sentence, word_lists
 
 # generated LM sentences per size, besides the training prompts: several thousand for the default
@@ -59,6 +60,7 @@ def write_word_data_dir(root: Path, split: str, prompts: dict[str, str]) -> dict
     target.mkdir(parents=True, exist_ok=True)
     for name in SHARED_TABLES:
         write_table(target / name, read_table(source / name))  # same rows, sorted, written atomically
+    copy_conf(source, target)
     write_table(target / "text", {u: " ".join(words) for u, words in text.items()})
     return text
 
