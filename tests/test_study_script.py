@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "recipes" / "mini_timit" / "run_study.sh"
 
 
-def run_script(tmp_path, *options, seconds=0):
+def run_script(tmp_path, *options, seconds=0, script=SCRIPT):
     """Run the script with a stand-in python that records each call as a line of tab-separated arguments
     (one write, so that calls side by side do not mix); with ``seconds``, each call then waits that long
     and records the line ``ended``."""
@@ -29,7 +29,7 @@ def run_script(tmp_path, *options, seconds=0):
                     + (f"sleep {seconds}\necho ended >> {shlex.quote(str(calls))}\n" if seconds else ""))
     fake.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    result = subprocess.run(["bash", str(SCRIPT), "--out", str(tmp_path / "out"), "--archive", str(tmp_path / "kept"),
+    result = subprocess.run(["bash", str(script), "--out", str(tmp_path / "out"), "--archive", str(tmp_path / "kept"),
                              *options], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     lines = calls.read_text().splitlines() if calls.exists() else []

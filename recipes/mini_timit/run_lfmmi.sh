@@ -60,24 +60,10 @@ done
 
 cd "$(dirname "$0")/../.."  # the repository: compare.py, cfg/ and RESULTS.md are read from there
 
-restore() {  # restore PART CONFIG...: the archived runs of those configs that <out> has not finished, copied there
-  local part=$1 cfg name run target
-  shift
-  for cfg in "$@"; do
-    name=$(basename "$cfg" .cfg)
-    for run in "$archive/$part/$name"/seed*; do
-      [ -d "$run" ] || continue
-      target=$out/$part/$name/${run##*/}
-      [ -e "$target/.done/decode" ] && continue
-      rm -rf "$target" && mkdir -p "$target" && cp -R "$run/." "$target/"
-    done
-  done
-}
-
 sweep() {  # sweep PART SEEDS CONFIG... [--section,option=value ...]
   local part=$1 seeds=$2
   shift 2
-  restore "$part" "$@"
+  recipes/mini_timit/local/restore_runs.sh "$archive" "$out" "$part" "$@"  # runs archived before: skipped
   python compare.py sweep "$@" --seeds "$seeds" --jobs "$jobs" --out "$out/$part"
 }
 choices=(order1 order3 order4 splice)

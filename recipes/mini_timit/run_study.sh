@@ -89,19 +89,8 @@ cd "$(dirname "$0")/../.."  # the repository: compare.py, cfg/ and RESULTS.md ar
 schedule=("--exp,n_epochs_tr=$epochs" "--exp,patience=$patience")
 kept=$archive
 
-restore() {  # restore TASK CONFIG...: the archived runs of those configs that <out> has not finished, copied
-  # there (the swept configs' alone: two instances with their own --phone-configs never copy the same run)
-  local task=$1 cfg name run target
-  shift
-  for cfg in "$@"; do
-    name=$(basename "$cfg" .cfg)
-    for run in "$kept/$task/$name"/seed*; do
-      [ -d "$run" ] || continue
-      target=$out/$task/$name/${run##*/}
-      [ -e "$target/.done/decode" ] && continue
-      rm -rf "$target" && mkdir -p "$target" && cp -R "$run/." "$target/"
-    done
-  done
+restore() {  # restore TASK CONFIG...: the archived runs of those configs that <out> has not finished, copied there
+  recipes/mini_timit/local/restore_runs.sh "$kept" "$out" "$@"
 }
 
 # The configs of the claims (results/claims_phones.tsv), and the word task's three
