@@ -230,7 +230,7 @@ def compared(a: Score, b: Score, name: str) -> str:
     errors_a, errors_b = ([s.per_utterance[u].errors for u in utts] for s in (a, b))
     lengths = [a.per_utterance[u].ref_len for u in utts]
     paired = statistics.matched_pairs(errors_a, errors_b)
-    better = statistics.probability_of_improvement(errors_a, errors_b, lengths)
+    better = statistics.bootstrap_probability_of_improvement(errors_a, errors_b, lengths)
     return (f"{name}: {b.total.kaldi_line()}, {b.total.rate - a.total.rate:+.2f} points; matched pairs "
             f"p = {paired.p_value:.2g}; probability of improvement {better:.3f}")
 

@@ -24,6 +24,7 @@ SMOKE = {  # script -> what its last lines must say
     "data_pipeline.py": ["loader:", "trainer fed by the loader:"],
     "decoding.py": ["load average"],
     "lfmmi.py": ["network forward + backward:", "LF-MMI objective, 2-gram denominator"],
+    "objectives.py": ["the same utterances in both batches: yes", "LF-MMI's step takes"],
     "power_simulation.py": ["| `MINI_liBRU : MINI_liGRU` | 2 |", "| `MINIW_LSTM : MINIW_liGRU` | 5 |"],
     "stress.py": ["stress: 2 of 2 units passed"],
 }

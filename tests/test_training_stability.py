@@ -71,8 +71,8 @@ def inject_nan(monkeypatch, when):
     calls = {"step": -1}
     original = run_exp.batch_loss
 
-    def batch_loss(out, labels, model, global_frames, world=1, target=None, chain=None):
-        loss, stats = original(out, labels, model, global_frames, world, target, chain)
+    def batch_loss(out, labels, model, global_frames, *args, **kwargs):
+        loss, stats = original(out, labels, model, global_frames, *args, **kwargs)
         if global_frames > 1:  # a training step, not an evaluation
             calls["step"] += 1
             if when(calls["step"]):

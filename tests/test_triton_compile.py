@@ -21,9 +21,9 @@ pytest.importorskip("triton")  # in requirements.txt; a machine without it has n
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from bru_kaldi.chain import triton_fb  # noqa: E402
-from bru_kaldi.chain.graph import ChainGraph, denominator_graph, numerator_graph  # noqa: E402
+from bru_kaldi.chain.graph import ChainGraph, denominator_graph  # noqa: E402
 from models.fast import budgets, triton_loops  # noqa: E402
-from tests.test_chain import arcs_of, random_graph  # noqa: E402
+from tests.test_chain import arcs_of, numerator_graph, random_graph  # noqa: E402
 
 pytestmark = pytest.mark.slow  # compiling about 50 kernels a dtype at production sizes: a minute or two on 2 cores
 

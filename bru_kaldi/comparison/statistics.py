@@ -186,6 +186,25 @@ def sign_test(errors_a, errors_b) -> PairedTest:
     return PairedTest(float(wins - losses), p, wins, losses)
 
 
+def bootstrap_probability_of_improvement(errors_a, errors_b, lengths, replications: int = REPLICATIONS,
+                                         seed: int = 0) -> float:
+    """The fraction of paired bootstrap replicates of the utterances in which B makes strictly fewer errors
+    than A (Kaldi's ``compute-wer-bootci``): one run of each system, so it sees only the test set's variation,
+    never the seeds' (between systems of several seeds, read the run-level ``P(better)`` instead).
+
+    Shapes: ``errors_a``, ``errors_b``, ``lengths`` ``(utterances,)``.
+
+    >>> bootstrap_probability_of_improvement([1, 1, 1], [0, 0, 0], [2, 2, 2])
+    1.0
+    """
+    errors_a, lengths = _check(errors_a, lengths)
+    errors_b, _ = _check(errors_b, lengths)
+    rng = np.random.default_rng(seed)
+    draws = _utterance_draws(rng, len(lengths), replications)  # the same utterances for both systems
+    difference = _replicates(errors_b, lengths, draws, rng) - _replicates(errors_a, lengths, draws, rng)
+    return float((difference < -1e-12).mean())
+
+
 MAX_SEEDS = 1000  # the search for the seeds a difference needs stops here
 APPROXIMATE_BELOW = 3  # seeds: with fewer in either system the run-level test is approximate (module docstring)
 
