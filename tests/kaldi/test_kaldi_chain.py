@@ -120,10 +120,16 @@ def log_weight(fst, labels) -> float:
 
 def test_our_den_fst_is_kaldis_chain_make_den_fst_up_to_its_weight_pushing(tiny_corpus, tmp_path):
     """Our denominator of the chain model (stage 8) and Kaldi's chain-make-den-fst of the same tree, model and
-    phone LM (a bigram) accept the same pdf sequences with the same weights, but for Kaldi's weight pushing
-    (``PushSpecial``: every state's weights scaled to one total, the rest spread evenly over the arcs), which
-    multiplies a whole utterance's weight by a constant per frame: their log-ratio is an affine function of
-    its length. Ours are not pushed, so that their arcs are the chain decoding graph's."""
+    phone LM (a bigram) accept the same pdf sequences with the same weights, but for what Kaldi's minimisation
+    (``DenGraphMinimizeWrapper``) does to them. Its weight pushing (``PushSpecial``: every state's weights
+    scaled to one total, the rest spread evenly over the arcs) multiplies a whole utterance's weight by a
+    constant per frame: the log-ratio is an affine function of its length. Its quantisation (each arc's
+    weight rounded to a multiple of 10 x ``kDelta``, about 0.01, before each of six minimisations) adds noise
+    that grows with the length: 0.05 at most on the tiny corpus's utterances of 270-500 frames. The faults
+    this test is for leave residuals of nats: the forward arcs without the ``1 / (1 - self-loop)`` of the
+    reordered self-loops 5.6, a unigram in place of the bigram 27. (Every transition of the chain topology has
+    probability 0.5, so that weights all 1 only change the constant per frame, here and in the objective.)
+    Ours are not pushed, so that their arcs are the chain decoding graph's."""
     import kaldifst
 
     from bru_kaldi.chain.den_graph import write_den_fst
@@ -133,7 +139,8 @@ def test_our_den_fst_is_kaldis_chain_make_den_fst_up_to_its_weight_pushing(tiny_
     from bru_kaldi.kaldi.transition_model import read_transition_model
 
     ali, chain = tiny_corpus.chain_ali("train"), tiny_corpus.root / "exp" / "chain"
-    kaldi_chain("chain-est-phone-lm --ngram-order=2", f"'ark:gunzip -c {ali}/ali.*.gz | ali-to-phones {chain}/final.mdl "
+    # (--no-prune-ngram-order is 3 by default and may not exceed the order)
+    kaldi_chain("chain-est-phone-lm --ngram-order=2 --no-prune-ngram-order=2", f"'ark:gunzip -c {ali}/ali.*.gz | ali-to-phones {chain}/final.mdl "
                 "ark:- ark:- |'", str(tmp_path / "phone_lm.fst"))
     kaldi_chain("chain-make-den-fst", str(chain / "tree"), str(chain / "final.mdl"), str(tmp_path / "phone_lm.fst"),
                 str(tmp_path / "kaldi_den.fst"), str(tmp_path / "normalization.fst"))
@@ -149,7 +156,7 @@ def test_our_den_fst_is_kaldis_chain_make_den_fst_up_to_its_weight_pushing(tiny_
         ratios.append(log_weight(mine, labels) - log_weight(theirs, labels))
     assert np.isfinite(ratios).all() and len(set(lengths)) > 3
     slope, intercept = np.polyfit(lengths, ratios, 1)
-    np.testing.assert_allclose(ratios, intercept + slope * np.array(lengths), atol=1e-3)
+    np.testing.assert_allclose(ratios, intercept + slope * np.array(lengths), atol=0.1)  # (the quantisation)
     # and a sequence neither accepts: an utterance that begins with a self-loop pdf (a phone's first frame emits
     # its forward pdf)
     loop = int(tm.tid2pdf[alignments[0][1][1]]) + 1  # the first phone's second frame: a self-loop
