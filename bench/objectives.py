@@ -39,6 +39,7 @@ from bru_kaldi.corpus import loader_options  # noqa: E402
 from bru_kaldi.distributed import Distributed  # noqa: E402
 from bru_kaldi.experiment import Experiment  # noqa: E402
 from bru_kaldi.machine import cpu_model, load_average  # noqa: E402
+from bru_kaldi.torch_state import run_settings  # noqa: E402
 
 
 def setup(config_path: str, overrides: list[str], folder: Path):
@@ -78,22 +79,19 @@ def main(argv=None) -> int:
         os.environ["MINI_TIMIT"] = str(root)
         overrides = ["--exp,builtin_corpus=tiny"]
         args.repeats = 1
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench_objectives_") as scratch:
-            runs = {name: setup(path, overrides, Path(scratch, name))
-                    for name, path in (("cross-entropy", args.ce), ("LF-MMI", args.lfmmi))}
-            shared = set.intersection(*(set(r.train_set.keys) for r in runs.values()))
-            batches = {name: batch_of(run, shared) for name, run in runs.items()}
-            times = {name: [] for name in runs}
-            for _ in range(args.repeats + 1):
-                for name, run in runs.items():
-                    start = time.perf_counter()
-                    run_exp.train_step(run, batches[name], {a.arch_name: a.arch_lr for a in run.archs}, "bench")
-                    times[name].append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(threads)
+    # run_exp.py's settings (subnormals flushed), put back at the end
+    with run_settings(threads=args.threads, flush_denormal=True), \
+            tempfile.TemporaryDirectory(prefix="bench_objectives_") as scratch:
+        runs = {name: setup(path, overrides, Path(scratch, name))
+                for name, path in (("cross-entropy", args.ce), ("LF-MMI", args.lfmmi))}
+        shared = set.intersection(*(set(r.train_set.keys) for r in runs.values()))
+        batches = {name: batch_of(run, shared) for name, run in runs.items()}
+        times = {name: [] for name in runs}
+        for _ in range(args.repeats + 1):
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run_exp.train_step(run, batches[name], {a.arch_name: a.arch_lr for a in run.archs}, "bench")
+                times[name].append(time.perf_counter() - start)
     print(f"{cpu_model()}, {args.threads} thread(s), load average {load_average()}, medians of {args.repeats}")
     ms = {name: statistics.median(values[1:]) * 1000 for name, values in times.items()}
     for name, run in runs.items():
