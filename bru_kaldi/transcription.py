@@ -53,12 +53,6 @@ class TranscribeError(ValueError):
     """What stops a transcription: the message names the experiment folder, the file or the option."""
 
 
-def output_frame_subsampling(config: Config) -> int:
-    """Input frames per output frame of the network: ``[model] frame_subsampling_factor`` (a chain model's
-    output taken every third frame)."""
-    return config.model.frame_subsampling_factor
-
-
 @dataclass
 class Trained:
     """A trained experiment, loaded: the network, what its inputs and outputs need, and the decoding."""
@@ -72,7 +66,11 @@ class Trained:
     streams: list[StreamRecord]
     choice: DecodingChoice
     decoding: Decoding  # [decoding] at the chosen setting
-    subsampling: int
+
+    @property
+    def subsampling(self) -> int:
+        """Input frames per output frame: the network's ``[model] frame_subsampling_factor`` (a chain model's 3)."""
+        return self.network.frame_subsampling_factor
 
     @property
     def graph_dir(self) -> Path:
@@ -162,7 +160,7 @@ def load(folder, acwt: Optional[float] = None, decoder: Optional[str] = None,
     chosen = dataclasses.replace(config.decoding, acwt=scale, acwt_sweep=[], wip_sweep=[choice.word_penalty],
                                  decoder=decoder or config.decoding.decoder)
     return Trained(folder, config, network, GlobalNorm(norm.mean[:network.input_size], norm.std[:network.input_size]),
-                   priors, chain, streams, choice, chosen, output_frame_subsampling(config))
+                   priors, chain, streams, choice, chosen)
 
 
 # --------------------------------------------------------------------------- normalisation

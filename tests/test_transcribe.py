@@ -105,12 +105,12 @@ def test_streaming_gives_the_offline_words_with_partial_hypotheses_before_the_en
 
 
 def test_streaming_decodes_the_frames_a_subsampled_output_keeps(tiny_word_model, test_wavs):
-    """A model whose output is taken every third frame ([model] frame_subsampling_factor = 3, read through
-    output_frame_subsampling): chunks of any length keep input frames 0, 3, 6 ... of the whole file."""
-    assert transcription.output_frame_subsampling(parse_config(tiny_word_model / "config.resolved.cfg")) == 1
-    assert transcription.output_frame_subsampling(SimpleNamespace(model=SimpleNamespace(frame_subsampling_factor=3))) == 3
+    """A model whose output is taken every third frame ([model] frame_subsampling_factor = 3, read from the
+    network): chunks of any length keep input frames 0, 3, 6 ... of the whole file."""
     trained = transcription.load(tiny_word_model)
-    trained.subsampling = trained.network.frame_subsampling_factor = 3  # the network keeps every third frame
+    assert trained.subsampling == 1 and trained.frame_shift == pytest.approx(0.01)
+    trained.network.frame_subsampling_factor = 3  # the network keeps every third frame
+    assert trained.subsampling == 3
     samples = audio.read_wav(next(iter(test_wavs.values())), 16000)
     feats = transcription.features(trained, samples, "a", transcription.normalisers(trained, "sliding"))
     whole = transcription.loglikes(trained, feats)
