@@ -22,7 +22,7 @@ def test_the_sweeps_pair_each_unit_with_its_chain_model_then_the_ablation_and_th
     assert configs(words) == [f"cfg/MINIW_{u}{s}.cfg" for u in units for s in ("", "_lfmmi")]
     assert configs(phones) == [f"cfg/MINI_{u}{s}.cfg" for u in units for s in ("", "_lfmmi")]
     assert [c[c.index("--seeds") + 1] for c in (words, phones, ablation)] == ["1-5", "1-5", "1-3"]
-    fixes = ("first", "weights", "initial", "chain", "schedule")
+    fixes = ("first", "weights", "initial", "chain", "schedule", "without_schedule")
     assert configs(ablation) == [f"cfg/lfmmi_ablation/MINIW_liGRU_lfmmi_{f}.cfg" for f in fixes]
     assert all((ROOT / cfg).is_file() for call in calls for cfg in configs(call))
     # the recipe's choices: the word task's Li-GRU at seeds 1-2, each with its one option, each in its folder
@@ -45,8 +45,8 @@ def test_stage_4_archives_and_tables_lfmmi_against_cross_entropy(tmp_path):
     assert pairs == [f"MINIW_{u}_lfmmi:MINIW_{u}" for u in ("liBRU", "liGRU", "LSTM")]
     ablation = tables["lfmmi-ablation"]
     assert ablation[ablation.index("--baseline") + 1] == "MINIW_liGRU_lfmmi_first"
-    assert {f"MINIW_liGRU_lfmmi_{f}:MINIW_liGRU_lfmmi_first" for f in ("weights", "initial", "chain", "schedule")} <= \
-        set(ablation[ablation.index("--pairs") + 1].split(","))
+    assert {f"MINIW_liGRU_lfmmi_{f}:MINIW_liGRU_lfmmi_first" for f in ("weights", "initial", "chain", "schedule")} | \
+        {"MINIW_liGRU_lfmmi:MINIW_liGRU_lfmmi_without_schedule"} <= set(ablation[ablation.index("--pairs") + 1].split(","))
     # the full recipe and cross-entropy at the ablation's seeds, from the word task's runs
     assert str(tmp_path / "kept" / "words" / "MINIW_liGRU_lfmmi" / "seed[1-3]") in ablation
     for section in tables:

@@ -2,9 +2,10 @@
 # LF-MMI against cross-entropy on the built-in corpus, as RESULTS.md reports it: Li-BRU, Li-GRU and LSTM
 # (2 x 256, one way), each trained with frame cross-entropy (cfg/MINI{,W}_<unit>.cfg) and as a Kaldi chain
 # model (cfg/MINI{,W}_<unit>_lfmmi.cfg), at seeds 1-5, on the word task and the phone task; then, on the word
-# task's Li-GRU, the ablation of the LF-MMI fixes at seeds 1-3 (cfg/lfmmi_ablation/: the first version, and
-# that version with one fix each) and the recipe's two choices at seeds 1-2 (the denominator's phone LM
-# order, 1 to 4; frame subsampling by splicing frames instead of taking every third output); then the tables.
+# task's Li-GRU, the ablation of the LF-MMI fixes at seeds 1-3 (cfg/lfmmi_ablation/: the first version, that
+# version with one fix each, and the whole recipe without Kaldi's schedule) and the recipe's two choices at
+# seeds 1-2 (the denominator's phone LM order, 1 to 4; frame subsampling by splicing frames instead of taking
+# every third output); then the tables.
 #
 #   recipes/mini_timit/run_lfmmi.sh                  # everything not yet finished
 #   recipes/mini_timit/run_lfmmi.sh --stage 4        # only the tables, from the archived runs
@@ -79,7 +80,7 @@ for unit in "${units[@]}"; do
   pairs_words+=("MINIW_${unit}_lfmmi:MINIW_$unit")
   pairs_phones+=("MINI_${unit}_lfmmi:MINI_$unit")
 done
-ablation=(cfg/lfmmi_ablation/MINIW_liGRU_lfmmi_{first,weights,initial,chain,schedule}.cfg)
+ablation=(cfg/lfmmi_ablation/MINIW_liGRU_lfmmi_{first,weights,initial,chain,schedule,without_schedule}.cfg)
 join() { local IFS=,; echo "$*"; }
 
 if [ "$stage" -le 1 ] && [ "$stop_stage" -ge 1 ]; then
@@ -109,11 +110,12 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
     --markdown RESULTS.md --section lfmmi-words
   python compare.py table "$archive/phones" --baseline MINI_liGRU --pairs "$(join "${pairs_phones[@]}")" \
     --markdown RESULTS.md --section lfmmi-phones
-  # each fix alone against the first version, and the whole recipe and cross-entropy at the same seeds
+  # each fix alone against the first version; the whole recipe against the first version, against itself
+  # without the schedule, and against cross-entropy at the same seeds
   first=MINIW_liGRU_lfmmi_first
   python compare.py table "$archive/ablation" "$archive/words/MINIW_liGRU/seed[$ablation_seeds]" \
     "$archive/words/MINIW_liGRU_lfmmi/seed[$ablation_seeds]" --baseline $first \
-    --pairs "$(join MINIW_liGRU_lfmmi_{weights,initial,chain,schedule}:$first MINIW_liGRU_lfmmi:$first MINIW_liGRU_lfmmi:MINIW_liGRU $first:MINIW_liGRU)" \
+    --pairs "$(join MINIW_liGRU_lfmmi_{weights,initial,chain,schedule}:$first MINIW_liGRU_lfmmi:$first MINIW_liGRU_lfmmi:MINIW_liGRU_lfmmi_without_schedule MINIW_liGRU_lfmmi:MINIW_liGRU $first:MINIW_liGRU)" \
     --markdown RESULTS.md --section lfmmi-ablation
   python compare.py table "$archive/words/MINIW_liGRU_lfmmi/seed[$choice_seeds]" "${choices[@]/#/$archive/choices/}" \
     --baseline MINIW_liGRU_lfmmi --markdown RESULTS.md --section lfmmi-choices
