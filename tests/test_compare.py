@@ -18,6 +18,7 @@ from scipy import stats as scipy_stats
 import compare
 from bru_kaldi.comparison import report, statistics
 from bru_kaldi.comparison.runs import find_runs, group
+from bru_kaldi.config import option_default
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "data" / "tiny_liBRU.cfg"
@@ -675,6 +676,23 @@ def test_one_config_run_with_and_without_an_override_gives_two_named_systems(tmp
     assert pair.against_error == 30 and pair.versus["run_level"].probability_better > 0.99
     assert compare.parse_pairs("MINI_A:MINI_A(opt_bias_correction=False)") == [
         ("MINI_A", "MINI_A(opt_bias_correction=False)")]
+
+
+def test_the_config_given_first_keeps_its_name_and_one_at_the_default_is_named_by_the_default(tmp_path):
+    """A recipe's choices table: the recipe's runs, given first, are the baseline under the config's own name
+    wherever their folders sort; a variant that sets an option back to its default is named by it."""
+    for variant, line in (("b_beam15", "beam = 15.0\n"), ("z_recipe", "beam = 20.0\n"), ("c_default", "")):
+        folder = tmp_path / variant / "seed1"
+        fake_run(folder, "MINI_A", "ligru", 1, [1] * 30, 20, 20)
+        resolved = folder / "config.resolved.cfg"
+        resolved.write_text(resolved.read_text() + "[decoding]\n" + line)
+    given = [str(tmp_path / v) for v in ("z_recipe", "b_beam15", "c_default")]
+    assert [s.name for s in group(find_runs(given))] == [
+        "MINI_A", "MINI_A(beam=15.0)", f"MINI_A(beam={option_default('decoding', 'beam')})"]
+    # the same runs given in another order: the plain name goes with the first
+    assert [s.name for s in group(find_runs([given[1], given[0]]))] == ["MINI_A", "MINI_A(beam=20.0)"]
+    # a folder matched twice (by two patterns) is read once, where it first appears
+    assert len(find_runs([given[0], str(tmp_path / "z_recipe" / "seed1")])) == 1
 
 
 def test_the_same_override_in_two_architectures_names_the_system_once(tmp_path):

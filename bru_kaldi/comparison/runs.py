@@ -163,18 +163,22 @@ def archive_run(run: Run, destination) -> Path:
 
 
 def find_runs(patterns: Sequence[str]) -> list[Run]:
-    """Every experiment folder matching ``patterns`` (folders or globs), or below them."""
-    folders = set()
+    """Every experiment folder matching ``patterns`` (folders or globs), or below them: in the patterns'
+    order (each pattern's folders sorted), each folder once. The order says which of two systems of one
+    config keeps the config's plain name (``group``): the one given first."""
+    folders: dict[Path, None] = {}
     for pattern in patterns:
         matches = [Path(p) for p in glob.glob(str(pattern))] or [Path(pattern)]
+        found = set()
         for path in matches:
             if (path / "config.resolved.cfg").is_file():
-                folders.add(path.resolve())
+                found.add(path.resolve())
             elif path.is_dir():
-                folders.update(p.parent.resolve() for p in path.rglob("config.resolved.cfg"))
+                found.update(p.parent.resolve() for p in path.rglob("config.resolved.cfg"))
+        folders.update(dict.fromkeys(sorted(found)))
     if not folders:
         raise FileNotFoundError(f"no experiment folder (with a config.resolved.cfg) in {' '.join(map(str, patterns))}")
-    return [read_run(folder) for folder in sorted(folders)]
+    return [read_run(folder) for folder in folders]
 
 
 @dataclass
@@ -206,19 +210,27 @@ class System:
 
 
 def group(runs: Sequence[Run]) -> list[System]:
-    """Systems in order of first appearance. Two configs with the same name but different contents (a
-    sweep with overrides beside one without) are told apart by what differs: the later one is named
-    ``NAME(option=value, ...)`` with its values that the first one lacks (``NAME#<hash>`` past three)."""
-    systems: dict[str, System] = {}
+    """Systems by config name, each name's runs by seed. Two configs with the same name but different
+    contents (a sweep with overrides beside one without) are told apart by what differs: the one whose run
+    comes first in ``runs`` (``find_runs``: the first pattern given) keeps the name, and comes first; each
+    other is named ``NAME(option=value, ...)`` with the values it changes, an option it leaves at the
+    default by that default (``NAME#<hash>`` past three)."""
     first_of: dict[str, Run] = {}  # the first run of each config name
-    for run in sorted(runs, key=lambda r: (Path(r.source).stem, r.seed)):
+    for run in runs:
+        first_of.setdefault(Path(run.source).stem, run)
+    systems: dict[str, System] = {}
+    for run in sorted(runs, key=lambda r: (Path(r.source).stem, r.key != first_of[Path(r.source).stem].key, r.seed)):
         if run.key not in systems:
             base = Path(run.source).stem
-            first = first_of.setdefault(base, run)
+            first = first_of[base]
+            set_here = {option for option, _ in run.options}
+            left_at_default = {(option, option_default(*option[1:].split("] ")) or "default")
+                               for option, _ in first.options - run.options if option not in set_here}
             # a set: the same override in two sections (each architecture's optimiser) names the system once
-            differs = sorted({f"{option.split('] ')[-1]}={value}" for option, value in run.options - first.options})
-            name = base if first is run else (f"{base}({', '.join(differs)})" if 0 < len(differs) <= 3
-                                              else f"{base}#{run.key[:6]}")
+            differs = sorted({f"{option.split('] ')[-1]}={value}"
+                              for option, value in (run.options - first.options) | left_at_default})
+            name = base if run.key == first.key else (f"{base}({', '.join(differs)})" if 0 < len(differs) <= 3
+                                                      else f"{base}#{run.key[:6]}")
             systems[run.key] = System(name, [])
         systems[run.key].runs.append(run)
     return list(systems.values())
