@@ -13,13 +13,13 @@ sweep  runs every (config, seed) through run_exp.py into OUT/<config>/seed<N> (d
        skipping finished runs and resuming unfinished ones, going on after a failure (listed at the
        end, exit status 1), with progress and an ETA; overrides go to every run. It ends with the table.
        --jobs N runs N at a time, each with cores / N threads (more runs an hour for small models).
-table  groups experiment folders by config (everything but [exp] seed and out_folder; of two configs
-       with one name, the one given first keeps it and the other is NAME(option=value, ...), by what it
-       changes), and prints per config: units, parameters, epochs, training time, frames/s, dev and test
-       error per seed and as mean ± sd, a 95 % bootstrap interval over utterances and seeds (Kaldi's
-       compute-wer-bootci with the seeds drawn too), and against --baseline the run-level test (the training run as the unit:
-       the seeds' variance and the test set's) with P(better) read off it, and the utterance-only tests
-       (MAPSSWE matched pairs, sign test), which cannot see how much another training run would differ
+table  groups experiment folders by config (everything but [exp] seed and out_folder; of two configs with one
+       name, the one given first keeps it and the other is NAME(option=value, ...), by what it changes), and
+       prints per config: units, parameters, epochs, training time, frames/s, dev and test error per seed and
+       as mean ± sd, a 95 % bootstrap interval over utterances and seeds (Kaldi's compute-wer-bootci with the
+       seeds drawn too), and against --baseline the run-level test (the training run as the unit: the seeds'
+       variance and the test set's) with P(better) read off it, and the utterance-only tests (MAPSSWE matched
+       pairs, sign test), which cannot see how much another training run would differ
        (bru_kaldi/comparison/statistics.py says exactly how).
        --pairs A:B,C:D tests chosen pairs in a second table (A against B...): the difference (the
        test's own, from the per-utterance counts) and a verdict from the run-level test alone: better,
