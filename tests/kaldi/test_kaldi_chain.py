@@ -140,8 +140,9 @@ def test_our_den_fst_is_kaldis_chain_make_den_fst_up_to_its_weight_pushing(tiny_
 
     ali, chain = tiny_corpus.chain_ali("train"), tiny_corpus.root / "exp" / "chain"
     # (--no-prune-ngram-order is 3 by default and may not exceed the order)
-    kaldi_chain("chain-est-phone-lm --ngram-order=2 --no-prune-ngram-order=2", f"'ark:gunzip -c {ali}/ali.*.gz | ali-to-phones {chain}/final.mdl "
-                "ark:- ark:- |'", str(tmp_path / "phone_lm.fst"))
+    kaldi_chain("chain-est-phone-lm --ngram-order=2 --no-prune-ngram-order=2",
+                f"'ark:gunzip -c {ali}/ali.*.gz | ali-to-phones {chain}/final.mdl ark:- ark:- |'",
+                str(tmp_path / "phone_lm.fst"))
     kaldi_chain("chain-make-den-fst", str(chain / "tree"), str(chain / "final.mdl"), str(tmp_path / "phone_lm.fst"),
                 str(tmp_path / "kaldi_den.fst"), str(tmp_path / "normalization.fst"))
     tm = read_transition_model(chain / "final.mdl")

@@ -154,8 +154,7 @@ def test_kaldi_reads_our_features_and_loglikelihoods(tiny_corpus, tmp_path):
 def test_openfst_reads_our_den_fst(tiny_corpus, tmp_path):
     """The LF-MMI denominator of the tiny corpus as den.fst: OpenFst's fstinfo (the OpenFst Kaldi builds
     with) reads it as a standard-arc vector acceptor without epsilons, with our states and arcs (and no
-    more); fstprint's
-    labels are our pdf-ids + 1."""
+    more); fstprint's labels are our pdf-ids + 1."""
     from bru_kaldi.chain.den_graph import write_den_fst
     from bru_kaldi.chain.supervision import estimate_denominator
 
