@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The run-level test against simulated studies whose variance components are known: how often it calls
 a difference that is not there, how often its 95 % interval holds the true difference, and how the test
-set's part of the variance (the floor behind "resolvable with unlimited seeds") compares with the truth.
+set's part of the variance (the floor behind "resolved at 80 % power with unlimited seeds") compares with the truth.
 
 Usage: python bench/power_simulation.py [--replicates 4000] [--seed 0] [--smoke] [--markdown F [--section NAME]]
 
@@ -24,11 +24,17 @@ the population the test sets are drawn from:
 - **coverage**: ``b_u`` of mean ``0.01 mean n``, one error more per hundred tokens of an average
   utterance, not of each utterance (a true difference of 1 point, which then does not scale with the
   utterances drawn); the share of studies whose 95 % interval holds the 1 point;
-- **the floor** ("resolvable with unlimited seeds", 5 % and 80 % power): the true one, from the true test
+- **the floor** ("resolved at 80 % power with unlimited seeds", 5 % and 80 % power): the true one, from the true test
   set's part of the variance (the variance over the studies' test sets of ``sum b / sum n``, what
   unlimited seeds would measure); the mean over the studies of the floor the test estimates, divided by
   the true one; and the same for the floor the seed-averaged spread would give (it holds the interaction
   once more: what the power columns took before they were corrected).
+
+**Paired seeds.** Seed ``k`` of two configs draws the same batches, so their interactions correlate. The
+second table draws ``g'[s, u] = rho g[s, u] sd' / sd + sqrt(1 - rho^2) (independent)`` at ``rho`` 0 and
+0.15 (the archives measured -0.05 to +0.17) and compares the floor estimated from the seed-paired
+differences (``run_level(..., paired=True)``, what compare.py does where two systems ran the same seeds)
+with the floor that subtracts each system's interaction alone, both against the true floor.
 
 ``--markdown F --section NAME`` puts the table between ``<!-- bench NAME -->`` and ``<!-- /bench NAME -->``
 of ``F`` (how RESULTS.md gets it), under a line with the command and the date. Fixed random seeds: the
@@ -58,6 +64,8 @@ SETTINGS = [("phones", "MINI_liBRU", "MINI_liGRU"), ("phones", "MINI_UBRU_kalman
             ("words", "MINIW_liBRU", "MINIW_liGRU"), ("words", "MINIW_LSTM", "MINIW_liGRU")]
 SEEDS = (2, 3, 5)
 TRUE_DIFFERENCE = 0.01  # the coverage's: 1 point
+CORRELATIONS = (0.0, 0.15)  # of the paired seeds' interactions (module docstring, "Paired seeds")
+PAIRED_SEEDS = (3, 5)
 
 
 class Setting:
@@ -95,6 +103,20 @@ class Setting:
         errors_b = runs(self.seed[1], self.interaction[1]) + b
         return errors_a, errors_b, lengths, b.sum() / lengths.sum()
 
+    def paired_study(self, rng: np.random.Generator, seeds: int, shift: float, correlation: float):
+        """As :meth:`study`, with row ``s`` of both systems one seed whose interactions correlate by ``correlation``."""
+        pick = rng.integers(0, len(self.lengths), len(self.lengths))
+        lengths, base = self.lengths[pick], self.base[pick]
+        w = lengths / self.lengths.mean()
+        b = shift * self.lengths.mean() + rng.normal(0.0, np.sqrt(self.disagreement * w))
+        shared = rng.normal(0.0, 1.0, (seeds, len(w)))
+        own = correlation * shared + np.sqrt(1 - correlation ** 2) * rng.normal(0.0, 1.0, (seeds, len(w)))
+        errors = []
+        for seed_variance, interaction, z in zip(self.seed, self.interaction, (shared, own)):
+            a = rng.normal(0.0, np.sqrt(seed_variance), (seeds, 1))
+            errors.append(base + w * a + np.sqrt(interaction * w) * z)
+        return errors[0], errors[1] + b, lengths, b.sum() / lengths.sum()
+
 
 def simulate(setting: Setting, seeds: int, replicates: int, rng: np.random.Generator) -> dict:
     """The false-positive rate, the coverage and the floors over ``replicates`` studies."""
@@ -113,6 +135,37 @@ def simulate(setting: Setting, seeds: int, replicates: int, rng: np.random.Gener
     floor = statistics.detectable(float(np.var(test_sets, ddof=1)), len(setting.lengths) - 1, 0.05, 0.8)
     return {"false positives": called / replicates, "coverage": covered / replicates, "floor": floor,
             "estimated floor": float(np.mean(estimated)) / floor, "seed-averaged floor": float(np.mean(spread)) / floor}
+
+
+def simulate_paired(setting: Setting, seeds: int, correlation: float, replicates: int,
+                    rng: np.random.Generator) -> dict:
+    """Paired studies: the false-positive rate and coverage of the paired test, and both floors against the truth."""
+    called, covered, test_sets, paired, unpaired = 0, 0, [], [], []
+    for _ in range(replicates):
+        a, b, lengths, measured = setting.paired_study(rng, seeds, 0.0, correlation)
+        test = statistics.run_level(a, b, lengths, paired=True)
+        called += test.p_value < 0.05
+        test_sets.append(measured)
+        paired.append(test.floor)
+        unpaired.append(statistics.run_level(a, b, lengths).floor)
+        a, b, lengths, _ = setting.paired_study(rng, seeds, TRUE_DIFFERENCE, correlation)
+        test = statistics.run_level(a, b, lengths, paired=True)
+        covered += test.low <= TRUE_DIFFERENCE <= test.high
+    floor = statistics.detectable(float(np.var(test_sets, ddof=1)), len(setting.lengths) - 1, 0.05, 0.8)
+    return {"false positives": called / replicates, "coverage": covered / replicates, "floor": floor,
+            "paired floor": float(np.mean(paired)) / floor, "unpaired floor": float(np.mean(unpaired)) / floor}
+
+
+def paired_table(rows: list[tuple[str, int, float, dict]]) -> str:
+    lines = ["| components of | seeds a system | correlation of the paired seeds' interactions | false positives at 5 % "
+             "(paired) | 95 % interval's coverage (paired) | true floor | floor from the paired differences / true | "
+             "floor subtracting each interaction alone / true |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, seeds, correlation, r in rows:
+        lines.append(f"| {name} | {seeds} | {correlation:g} | {100 * r['false positives']:.1f} % | "
+                     f"{100 * r['coverage']:.1f} % | {100 * r['floor']:.2f} | {r['paired floor']:.2f} | "
+                     f"{r['unpaired floor']:.2f} |")
+    return "\n".join(lines)
 
 
 def table(rows: list[tuple[str, int, dict]]) -> str:
@@ -155,7 +208,18 @@ def main(argv=None) -> int:
             print(f"  S={seeds}: false positives {100 * r['false positives']:.1f} %, coverage "
                   f"{100 * r['coverage']:.1f} %, floor {100 * r['floor']:.2f} points, estimated "
                   f"{r['estimated floor']:.2f} of it, seed-averaged {r['seed-averaged floor']:.2f}", flush=True)
-    text = table(rows)
+    paired_rows = []
+    for task, system, against in SETTINGS:
+        setting = Setting(task, system, against)
+        for seeds in PAIRED_SEEDS:
+            for correlation in CORRELATIONS:
+                rng = np.random.default_rng([args.seed, seeds, len(rows) + len(paired_rows), int(100 * correlation)])
+                r = simulate_paired(setting, seeds, correlation, replicates, rng)
+                paired_rows.append((setting.name, seeds, correlation, r))
+                print(f"  paired, S={seeds}, rho={correlation:g}: floor from the paired differences "
+                      f"{r['paired floor']:.2f} of the true one, subtracting each interaction alone "
+                      f"{r['unpaired floor']:.2f}", flush=True)
+    text = table(rows) + "\n\nPaired seeds (module docstring, \"Paired seeds\"):\n\n" + paired_table(paired_rows)
     print(text)
     if args.markdown:
         command = "python bench/power_simulation.py " + shlex.join(sys.argv[1:] if argv is None else argv)

@@ -327,6 +327,10 @@ class Decoding:
     acwt_sweep: list[float] = field(default_factory=list)  # scales tried on dev; empty: acwt alone
     # word insertion penalties tried on dev with each scale (the Python decoder; Kaldi's score.sh has its own grid)
     wip_sweep: list[float] = field(default_factory=lambda: [0.0])
+    # when the setting chosen on dev is the first or last of its grid (acwt_sweep, wip_sweep; Kaldi's LM weights
+    # and penalties), the grid grows a value beyond that edge and dev is scored there too, at most this many
+    # times an edge; a best setting still on an edge is marked in res.res (edge=) and in compare.py's tables
+    grid_extensions: int = 4
     num_jobs: int = 0  # 0: one per CPU core
 
 
@@ -730,6 +734,9 @@ def validate(config: Config, problems: Optional[list[str]] = None) -> None:
         scoring_filter(config.decoding.scoring)
     except (ValueError, OSError) as error:
         add(f"{src} [decoding] scoring: {error}")
+    if config.decoding.grid_extensions < 0:
+        add(f"{src} [decoding] grid_extensions: expected 0 (never extend the grid) or more, "
+            f"got {config.decoding.grid_extensions}")
     lab_names = {s.lab_name for d in config.datasets for s in d.lab}
     for option in ("senone_lab", "mono_lab"):
         value = getattr(config.model, option)

@@ -103,6 +103,10 @@ def test_a_shipped_chain_config_trains_at_a_third_of_the_frame_rate_and_decodes(
     tm = read_transition_model(tiny_corpus.chain_ali("train") / "final.mdl")
     assert set(den.pdf.tolist()) == set(range(tm.num_pdfs)) and tm.num_pdfs == 2 * len(tm.topology.phones)
     assert float(re.search(r"rtf=([\d.]+)", res.splitlines()[-1]).group(1)) > 0
+    # the decode counts the audio at 30 ms a row, the input's length (10 ms a frame) give or take a row's rounding
+    audio = float(re.search(r"^.*test: %WER .*\(\d+ utterances, ([\d.]+) s of audio", (exp_dir / "log.txt").read_text(),
+                            re.M).group(1))
+    assert sum(frames.values()) * 0.01 <= audio + 0.05 <= sum(frames.values()) * 0.01 + 0.03 * len(frames) + 0.1
 
 
 # --------------------------------------------------------------------------- the options reach the objective

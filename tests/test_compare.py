@@ -268,13 +268,15 @@ def test_the_table_groups_seeds_and_tests_against_the_baseline(tmp_path):
     text = compare.table([str(tmp_path)], baseline="MINI_A", markdown=tmp_path / "t.md", csv=tmp_path / "t.csv",
                          plots=tmp_path / "plots", replications=500)
     assert "30.00 / 31.00 / 32.00" in text and "31.00 ± 1.00" in text
-    assert (tmp_path / "t.md").read_text().count("\n") == 4 and "MINI_B" in (tmp_path / "t.csv").read_text()
+    # the header, the rule, A's row, B's, then what the run-level columns are
+    assert (tmp_path / "t.md").read_text().count("\n") == 6 and "MINI_B" in (tmp_path / "t.csv").read_text()
+    assert "one-sided p of the run-level t, read as a probability under a flat prior" in (tmp_path / "t.md").read_text()
     # the interval's cell is the bootstrap's percentiles, P(better) and p the run-level test's
     lines = (tmp_path / "t.md").read_text().splitlines()  # the header, the rule, A's row, B's
     cells = dict(zip(*[line.strip("| ").split(" | ") for line in (lines[0], lines[3])]))
     test = b.versus["run_level"]
-    assert cells["run-level P(better than baseline)"] == f"{test.probability_better:.3f}" != ""
-    assert cells["run-level p"] == f"{test.p_value:.3g}"
+    assert cells["run-level P(better than baseline), one-sided"] == f"{test.probability_better:.3f}" != ""
+    assert cells["run-level p, two-sided"] == f"{test.p_value:.3g}"
     shown = statistics.interval(*group(find_runs([str(tmp_path / "B")]))[0].errors("test")[:2], 500)
     assert cells["test 95 % interval (bootstrap)"] == f"{100 * shown.low:.2f}-{100 * shown.high:.2f}"
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
@@ -314,7 +316,7 @@ def test_named_pairs_and_a_generated_section(tmp_path, capsys):
     (a_vs_c,) = report.pairs(systems, [("MINI_A", "MINI_C")], "test", replications=400)  # errors drawn alike
     assert a_vs_c.versus["matched_pairs_p"] > 0.05
     assert a_vs_c.reading() == f"not resolved with 2 / 2 seeds ({approximate})"
-    row = report.pairs_markdown([b_vs_a], "test").splitlines()[-1].split(" | ")
+    row = report.pairs_markdown([b_vs_a], "test").split("\n\n")[0].splitlines()[-1].split(" | ")
     # relative to A's mean error, the difference and its run-level interval (fractions; the errors in points)
     test = b_vs_a.versus["run_level"]
     assert row[7] == f"{1e4 * d / 31.5:+.1f} % ({1e4 * test.low / 31.5:+.1f} % to {1e4 * test.high / 31.5:+.1f} %)"
@@ -325,7 +327,7 @@ def test_named_pairs_and_a_generated_section(tmp_path, capsys):
     # --target: the seeds for that difference, a column before the floor; the other cells stay put
     (planned,) = report.pairs(systems, [("MINI_B", "MINI_A")], "test", replications=400, target=7.5)
     table = report.pairs_markdown([planned], "test", target=7.5).splitlines()
-    assert table[0].split(" | ")[-2:] == ["seeds for 7.5 points", "resolvable with unlimited seeds |"]
+    assert table[0].split(" | ")[-2:] == ["seeds for 7.5 points", "resolved at 80 % power with unlimited seeds |"]
     assert len(table[1].split(" | ")) == len(table[0].split(" | ")) == len(table[2].split(" | ")) == len(row) + 1
     assert table[2].split(" | ")[:-2] == row[:-1]
     assert planned.versus["run_level"].target == pytest.approx(0.075)  # points in, a fraction to the test
@@ -336,7 +338,7 @@ def test_named_pairs_and_a_generated_section(tmp_path, capsys):
     assert one_seed.reading() == "not resolved: one seed, run-to-run variance unknown"
     assert "| one seed | " in report.pairs_markdown([one_seed], "test")
     d = (sum(errors["B", 1]) - sum(errors["A", 1])) / 3  # points; A's seed 1 has 31.00 in res.res
-    cells = report.pairs_markdown([one_seed], "test").splitlines()[-1].split(" | ")
+    cells = report.pairs_markdown([one_seed], "test").split("\n\n")[0].splitlines()[-1].split(" | ")
     assert cells[5:9] == [f"{d:+.2f}", "", f"{100 * d / 31:+.1f} %", ""]  # no interval, no P(better): one seed
     with pytest.raises(ValueError, match="no system MINI_D"):
         report.pairs(systems, [("MINI_D", "MINI_A")], "test")
@@ -355,7 +357,7 @@ def test_named_pairs_and_a_generated_section(tmp_path, capsys):
     assert compare.main(["table", str(tmp_path / "runs"), "--markdown", str(page), "--section", "study",
                          "--pairs", "MINI_B:MINI_A", "--replications", "200", "--target", "7.5"]) == 0
     text = page.read_text()
-    assert "| seeds for 7.5 points | resolvable with unlimited seeds |" in text
+    assert "| seeds for 7.5 points | resolved at 80 % power with unlimited seeds |" in text
     for bad in (["--target", "0", "--pairs", "MINI_B:MINI_A"], ["--target", "1.5"]):  # no pairs table to add it to
         assert compare.main(["table", str(tmp_path / "runs"), *bad]) == 1
     assert text.startswith("# Results\nabove\n<!-- compare.py study -->\nGenerated ") and text.endswith(
@@ -524,7 +526,7 @@ def test_only_the_utterances_every_run_scored_are_compared_each_with_its_length(
     assert len(utterances) == 29 and "u05" not in utterances and list(n) == list(np.delete(lengths, 5))
     (row,) = [r for r in report.rows([a, b], ["test"], "MINI_A", "test", replications=200) if r.versus]
     expected = statistics.run_level(np.array([kept["A", 1], kept["A", 2]]), np.array([kept["B", 1], kept["B", 2]]),
-                                    np.delete(lengths, [0, 5]))
+                                    np.delete(lengths, [0, 5]), paired=True)  # seeds 1 and 2 of both: paired
     assert row.versus["run_level"].p_value == pytest.approx(expected.p_value)
     assert row.versus["run_level"].utterance_variance == pytest.approx(expected.utterance_variance)
     assert row.versus["difference"] == pytest.approx(expected.difference)

@@ -136,7 +136,7 @@ def test_the_scale_is_chosen_on_dev_and_applied_unchanged_to_test(corpus, tmp_pa
             for split in ("dev", "test")}
     jobs = [make_job(tiny, split, write_loglikes(tmp_path / "forward", split, sets[split]), tmp_path)
             for split in ("dev", "test")]
-    sweep = decoding(acwt_sweep=[1.0, 0.3])
+    sweep = decoding(acwt_sweep=[1.0, 0.3], grid_extensions=0)  # two scales, no more (growth: the next test)
     results = decode.decode_sets(jobs, sweep, tune_on="dev", log=quiet)
     assert results["dev"].setting == results["test"].setting == "acwt=0.3"
     assert results["dev"].passes == 2 and results["test"].passes == 1
@@ -149,6 +149,32 @@ def test_the_scale_is_chosen_on_dev_and_applied_unchanged_to_test(corpus, tmp_pa
     on_test = decode.decode_sets(alone, sweep, tune_on="test", log=quiet)["test"]
     assert on_test.setting == "acwt=1"
     assert on_test.score.total.errors < results["test"].score.total.errors
+
+
+def test_a_best_scale_on_the_edge_of_its_grid_grows_the_grid_until_it_is_inside(corpus, tmp_path):
+    # Noisy scores whose best scale lies above a grid of 0.2 and 0.3 (on them 1.0 beats 0.3: the test
+    # above): the grid grows by its own ratio, 1.5, until dev's best is inside it, or the limit is reached.
+    tiny, tm, pdfs = corpus
+    rng = np.random.default_rng(1)
+    scp = write_loglikes(tmp_path / "forward", "dev", {u: noisy(p, tm.num_pdfs, rng) for u, p in pdfs["dev"].items()})
+    job = make_job(tiny, "dev", scp, tmp_path / "grown")
+    lines = []
+    grown = decode.decode_sets([job], decoding(acwt_sweep=[0.2, 0.3]), "dev", log=lines.append)["dev"]
+    scales = [float(v) for v in re.search(r"grid=acwt:(\S+);", grown.res_line()).group(1).split(",")]
+    assert scales[:3] == [0.2, 0.3, 0.45] and len(scales) > 3, grown.res_line()
+    assert scales[0] < grown.acoustic_scale < scales[-1] and "edge=" not in grown.res_line(), grown.res_line()
+    assert grown.passes == len(scales)  # each scale decoded once: a grown grid decodes only what is new
+    assert any("is on the edge of the acwt grid: trying acwt=0.45" in line for line in lines)
+
+    # no growth allowed: the edge is kept and marked
+    fixed = decode.decode_sets([make_job(tiny, "dev", scp, tmp_path / "fixed")],
+                               decoding(acwt_sweep=[0.2, 0.3], grid_extensions=0), "dev", log=quiet)["dev"]
+    assert fixed.setting == "acwt=0.3" and fixed.res_line().endswith("grid=acwt:0.2,0.3;wip:0 edge=acwt")
+    assert grown.score.total.errors < fixed.score.total.errors
+    # a single scale is a fixed setting, not a grid: nothing to grow, no edge
+    single = decode.decode_sets([make_job(tiny, "dev", scp, tmp_path / "single")], decoding(acwt_sweep=[0.05]),
+                                "dev", log=quiet)["dev"]
+    assert single.passes == 1 and "edge=" not in single.res_line()
 
 
 def test_a_pool_of_workers_gives_the_hypotheses_of_one(corpus, tmp_path):
@@ -402,6 +428,37 @@ def test_kaldi_chooses_lm_weight_on_dev_and_applies_it_to_the_other_sets(corpus,
     assert results["eval"].score is None
     assert read_table(tmp_path / "decode_eval" / "text") == read_table(tiny.data("dev") / "text")
     assert len(list(jobs[0].out_dir.glob("lat.*.gz"))) == 2  # the scp split over two decoding jobs
+
+
+def test_kaldi_grows_the_lm_weights_past_an_edge_and_marks_one_it_cannot_pass(corpus, kaldi_bin, tmp_path,
+                                                                             monkeypatch):
+    tiny, tm, pdfs = corpus
+    ids = {w: i for w, i in read_table(tiny.graph / "words.txt").items()}
+    hyps = tmp_path / "standin_hyps"
+    texts = read_table(tiny.data("dev") / "text")
+
+    def recognised(words_at: dict[int, int]) -> str:  # "utt LMWT ids": the first n words at each LM weight
+        return "".join(f"{u} {lmwt} {' '.join(ids[w] for w in t.split()[:n])}\n" for lmwt, n in words_at.items()
+                       for u, t in texts.items())
+
+    hyps.write_text(recognised({3: 2, 2: 100}))  # all of it at LM weight 2, two words at 3, none at 4 and 5
+    monkeypatch.setenv("STANDIN_HYPS", str(hyps))
+    monkeypatch.setattr(kaldi_scripts, "KALDI_LMWTS", (3, 4, 5))
+    dev = oracle_scp(corpus, tmp_path / "forward", "dev")
+    lines = []
+    result = decode.decode_sets([make_job(tiny, "dev", dev, tmp_path)], decoding(decoder="kaldi", num_jobs=1), "dev",
+                                log=lines.append)["dev"]
+    # 3 is the grid's edge and better than 4: 2 is tried and is best, so 1 is tried too
+    assert result.setting == "lmwt=2 wip=0.0" and result.score.total.errors == 0
+    assert "grid=lmwt:1,2,3,4,5;wip:0,0.5,1" in result.res_line() and "edge=" not in result.res_line()
+    # penalties that all tie are not an edge: the grid keeps score.sh's three
+    assert not any("wip grid" in line for line in lines)
+
+    # better and better down to LM weight 1, the lowest there is: the edge stays, marked
+    hyps.write_text(recognised({3: 1, 2: 2, 1: 100}))
+    result = decode.decode_sets([make_job(tiny, "dev", dev, tmp_path / "again")], decoding(decoder="kaldi", num_jobs=1),
+                                "dev", log=quiet)["dev"]
+    assert result.setting == "lmwt=1 wip=0.0" and result.res_line().endswith("edge=lmwt")
 
 
 def test_a_const_graph_as_kaldis_mkgraph_writes_it_decodes_as_the_vector_one(corpus, tmp_path):

@@ -76,6 +76,24 @@ def test_word_timings_follow_the_best_path(tiny_words, tmp_path):
         assert [round(float(r[2]) * 100) for r in mine] == [first for first, _ in spans]
 
 
+def test_a_chain_models_frame_shift_reaches_the_word_timings_and_the_real_time_factor(tiny_words, tmp_path):
+    """A chain model writes a row every third input frame (DecodeJob.frame_shift 0.03, as run_exp.decode_jobs sets
+    it from [model] frame_subsampling_factor): the same rows decoded at 0.03 s a row have word timings and audio
+    three times those at 0.01 s, and a real-time factor a third (tests/test_chain_training.py: run_exp's side)."""
+    (tmp_path / "rows_10ms").mkdir()
+    tens = oracle_jobs(tiny_words, tmp_path / "rows_10ms")[1]
+    thirties = decoding.DecodeJob(tens.name, tens.loglikes_scp, tens.graph_dir, tens.model, tens.ref_text,
+                                  tmp_path / "rows_30ms", frame_shift=0.03)
+    options = Decoding(decoder="python", scoring="wsj", acwt=1.0, num_jobs=1)
+    results = [decoding.decode_sets([job], options, tune_on=None, log=lambda s: None)["test"] for job in (tens, thirties)]
+    assert results[1].audio_seconds == pytest.approx(3 * results[0].audio_seconds)
+    assert results[1].rtf == pytest.approx(results[1].seconds / results[1].audio_seconds)
+    ctms = [[line.split() for line in (job.out_dir / "ctm").read_text().splitlines()] for job in (tens, thirties)]
+    assert ctms[0] and [row[4] for row in ctms[0]] == [row[4] for row in ctms[1]]
+    for ten, thirty in zip(*ctms):
+        assert float(thirty[2]) == pytest.approx(3 * float(ten[2])) and float(thirty[3]) == pytest.approx(3 * float(ten[3]))
+
+
 def test_a_word_boundary_table_that_does_not_fit_the_path_is_an_error():
     boundary = {1: "nonword", 2: "begin", 3: "end"}
     with pytest.raises(ValueError, match="ends inside a word"):

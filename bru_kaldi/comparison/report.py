@@ -6,9 +6,11 @@ run-level test alone.
 >>> row = Row("MINI_liBRU", "libru 2x256 uni", 540000, 8.0, 170.0, 17000.0, {"test": [30.1, 31.7]},
 ...           {"test": (30.9, 29.2, 32.6)}, {})
 >>> print(markdown([row], "test"))  # doctest: +NORMALIZE_WHITESPACE
-| system | units | parameters | epochs | training | frames/s | test per seed | test mean ± sd | test 95 % interval (bootstrap) | run-level P(better than baseline) | run-level p | utterance-only p (matched pairs) | utterance-only p (sign test) |
+| system | units | parameters | epochs | training | frames/s | test per seed | test mean ± sd | test 95 % interval (bootstrap) | run-level P(better than baseline), one-sided | run-level p, two-sided | utterance-only p (matched pairs) | utterance-only p (sign test) |
 | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |
 | MINI_liBRU | libru 2x256 uni | 0.54M | 8 | 2.8 min | 17000 | 30.10 / 31.70 | 30.90 ± 1.13 | 29.20-32.60 |  |  |  |  |
+<BLANKLINE>
+Run-level P(better than baseline): one minus the one-sided p of the run-level t, read as a probability under a flat prior; run-level p: the two-sided p of the same t.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import statistics as pystats
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from bru_kaldi.comparison import statistics
@@ -37,6 +39,13 @@ class Row:
     intervals: dict[str, tuple[float, float, float]]  # set -> (rate, low, high), percent
     versus: dict  # difference (a fraction), run_level (a RunLevelTest or None), matched_pairs_p, sign_p
     failed: int = 0  # runs of this system without a result (failed, or still running)
+    on_edge: list[bool] = field(default_factory=list)  # per finished run: its tuned setting on its grid's edge
+
+
+EDGE_MARK = "‡"
+EDGE_NOTE = (f"{EDGE_MARK}: a run whose decoding setting, chosen on its tuning set, is the first or last of the grid "
+             "it was chosen from (res.res: edge=, or for a run decoded before grids grew, its setting against "
+             "the config's acwt_sweep and wip_sweep): it may have been decoded below its best.")
 
 
 def _mean(values):
@@ -78,11 +87,14 @@ def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str]
                 bi = [base_utts.index(u) for u in common]
                 mi = [utts.index(u) for u in common]
                 lengths = base_n[bi]
+                # the same seeds in both (runs sorted by seed): seed k of each drew the same batches, and the
+                # interaction is estimated from the seed-paired differences (statistics, "Seeds shared by configs")
+                paired = base_runs.seeds == finished.seeds and len(finished.seeds) > 1
                 versus = {
                     "difference": (statistics.error_rate(mine[:, mi], lengths)
                                    - statistics.error_rate(base[:, bi], lengths)),
                     "run_level": statistics.run_level(base[:, bi], mine[:, mi], lengths,
-                                                    target=None if target is None else target / 100),
+                                                    target=None if target is None else target / 100, paired=paired),
                     "matched_pairs_p": statistics.matched_pairs(base[:, bi], mine[:, mi]).p_value,
                     "sign_p": statistics.sign_test(base[:, bi], mine[:, mi]).p_value,
                 }
@@ -90,7 +102,7 @@ def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str]
         out.append(Row(system.name, system.describe(), _mean([r.parameters for r in done]),
                        _mean([len(r.epochs) for r in done]), _mean([r.training_seconds for r in costed]),
                        _mean([r.frames_per_second for r in costed]), errors, intervals, versus,
-                       failed=len(system.runs) - len(done)))
+                       failed=len(system.runs) - len(done), on_edge=[bool(r.edges) for r in done]))
     return out
 
 
@@ -103,7 +115,9 @@ def _cells(row: Row, sets: Sequence[str], test_set: str) -> list[str]:
              number(row.frames_per_second, ".0f")]
     for name in sets:
         values = row.errors.get(name, [])
-        per_seed = " / ".join(f"{v:.2f}" for v in values) + (f" ({row.failed} unfinished)" if row.failed else "")
+        marks = row.on_edge if len(row.on_edge) == len(values) else [False] * len(values)
+        per_seed = " / ".join(f"{v:.2f}{EDGE_MARK if edge else ''}" for v, edge in zip(values, marks)) + (
+            f" ({row.failed} unfinished)" if row.failed else "")
         spread = f"{pystats.fmean(values):.2f} ± {pystats.stdev(values):.2f}" if len(values) > 1 else (
             f"{values[0]:.2f}" if values else "")
         cells += [per_seed, spread]
@@ -130,8 +144,17 @@ def headers(sets: Sequence[str], test_set: str) -> list[str]:
     for name in sets:
         names += [f"{name} per seed", f"{name} mean ± sd"] + ([f"{name} 95 % interval (bootstrap)"] if name == test_set
                                                               else [])
-    return names + ["run-level P(better than baseline)", "run-level p", "utterance-only p (matched pairs)",
-                    "utterance-only p (sign test)"]
+    return names + ["run-level P(better than baseline), one-sided", "run-level p, two-sided",
+                    "utterance-only p (matched pairs)", "utterance-only p (sign test)"]
+
+
+TABLE_NOTE = ("Run-level P(better than baseline): one minus the one-sided p of the run-level t, read as a "
+              "probability under a flat prior; run-level p: the two-sided p of the same t.")
+
+
+def notes(table: Sequence[Row]) -> str:
+    """What the columns' numbers are, under a table; the edge mark's meaning where a run has it."""
+    return TABLE_NOTE + (f" {EDGE_NOTE}" if any(any(row.on_edge) for row in table) else "")
 
 
 def markdown(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] = None) -> str:
@@ -141,7 +164,7 @@ def markdown(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] 
     align += ["---:"] * 4
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
     lines += ["| " + " | ".join(_cells(row, sets, test_set)) + " |" for row in table]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + notes(table)
 
 
 def text(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] = None) -> str:
@@ -149,7 +172,7 @@ def text(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] = No
     sets = list(sets or table[0].errors)
     grid = [headers(sets, test_set)] + [_cells(row, sets, test_set) for row in table]
     widths = [max(len(r[i]) for r in grid) for i in range(len(grid[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in grid)
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in grid) + "\n" + notes(table)
 
 
 def csv_text(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] = None) -> str:
@@ -173,6 +196,7 @@ class Pair:
     against_error: Optional[float]
     versus: dict
     seeds: tuple[int, int] = (0, 0)  # finished runs of each
+    on_edge: int = 0  # finished runs of either whose tuned setting is on its grid's edge (EDGE_NOTE)
 
     def reading(self, alpha: float = 0.05) -> str:
         """The verdict at level ``alpha``, from the run-level test alone (``statistics.run_level``):
@@ -213,13 +237,21 @@ def pairs(systems: Sequence[System], wanted: Sequence[tuple[str, str]], test_set
                              f"{', '.join(by_name)}")
         mine, base = rows([by_name[name], by_name[against]], [test_set], against, test_set, replications,
                           target=target)
-        out.append(Pair(name, against, _mean(mine.errors[test_set]), _mean(base.errors[test_set]), mine.versus, seeds))
+        out.append(Pair(name, against, _mean(mine.errors[test_set]), _mean(base.errors[test_set]), mine.versus, seeds,
+                        sum(mine.on_edge) + sum(base.on_edge)))
     return out
 
 
 PAIR_HEADERS = ("system", "against", "seeds", "{set} error", "against's", "difference", "95 % interval (runs)",
-                "relative (95 % interval)", "run-level P(better)", "run-level p", "utterance-only p (matched pairs)", "utterance-only p (sign test)",
-                "at 5 % (run level)", "resolvable at 80 % power", "seeds needed", "resolvable with unlimited seeds")
+                "relative (95 % interval)", "run-level P(better), one-sided", "run-level p, two-sided",
+                "utterance-only p (matched pairs)", "utterance-only p (sign test)", "at 5 % (run level)",
+                "resolved at 80 % power", "seeds needed", "resolved at 80 % power with unlimited seeds")
+PAIR_NOTE = ("Run-level P(better): one minus the one-sided p of the run-level t, read as a probability under a "
+             "flat prior; run-level p: the two-sided p of the same t. Relative: the difference and its interval "
+             "divided by the against system's mean error, taken as fixed (its own uncertainty is not in the "
+             "interval). \"Resolved at 80 % power\": the difference this design would find at 5 % four times in "
+             "five, not a bound on the true one; \"with unlimited seeds\": the same from the test set's part of "
+             "the variance alone (the floor no number of seeds goes below).")
 
 
 def pairs_markdown(table: Sequence[Pair], test_set: str, target: Optional[float] = None) -> str:
@@ -240,7 +272,7 @@ def pairs_markdown(table: Sequence[Pair], test_set: str, target: Optional[float]
              "| " + " | ".join("---" if h in ("system", "against", "seeds", "at 5 % (run level)") else "---:"
                                for h in headers) + " |"]
     for p in table:
-        v, seeds = p.versus, f"{p.seeds[0]} / {p.seeds[1]}"
+        v, seeds = p.versus, f"{p.seeds[0]} / {p.seeds[1]}" + (f" ({p.on_edge} {EDGE_MARK})" if p.on_edge else "")
         if not v:
             lines.append(f"| {p.system} | {p.against} | {seeds} | {_or_dash(p.system_error)} | "
                          f"{_or_dash(p.against_error)} | | no finished run of both yet |" + " |" * (len(headers) - 7))
@@ -261,7 +293,9 @@ def pairs_markdown(table: Sequence[Pair], test_set: str, target: Optional[float]
                  f"{difference:+.2f}", runs[0], relative, runs[1], runs[2], f"{v['matched_pairs_p']:.3g}",
                  f"{v['sign_p']:.3g}", p.reading()] + runs[3:]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    note = PAIR_NOTE + (f" Seeds: ({EDGE_MARK} N): N of the runs of either system are marked in the systems' "
+                        f"table. {EDGE_NOTE}" if any(p.on_edge for p in table) else "")
+    return "\n".join(lines) + "\n\n" + note
 
 
 def _relative(difference: float, against: float) -> str:

@@ -33,6 +33,7 @@ _EPOCH = re.compile(r"^epoch=(\d+) .*dev_err=(\S+) .*time=(\S+)s")
 _DECODED = re.compile(r"^(\S+): %WER (\S+) \[ (\d+) / (\d+),")
 _FRAMES_PER_SECOND = re.compile(r"epoch=\d+ .*\((\d+) frames/s\)")
 _MACHINE = re.compile(r"machine: \d{4}-\d\d-\d\d, (.*)$")  # bru_kaldi.machine.run_line
+_FIELD = re.compile(r" (\w+)=(\S+)")  # a decoded set's "acwt=0.2 wip=0 decoder=python ... edge=acwt"
 
 
 @dataclass
@@ -50,6 +51,9 @@ class Run:
     frames_per_second: Optional[float] = None
     parameters: Optional[int] = None
     machine: Optional[str] = None  # where it trained (CPU, cores, threads, torch, device), if log.txt says
+    # the axes of the decoding grid (acwt, wip, lmwt) whose edge the setting chosen on the tuning set is on
+    # (tuning_edges): a run that may have been decoded below its best
+    edges: list[str] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -89,6 +93,32 @@ def _is_default(section: str, option: str, value: str) -> bool:
                                     (default != "" and all(v.strip() == default for v in value.split(","))))
 
 
+def tuning_edges(setting: dict[str, str], resolved: configparser.ConfigParser) -> list[str]:
+    """The axes whose edge the setting chosen on the tuning set is on, from its ``res.res`` fields: ``edge=``
+    where the decode recorded its grid (``grid=``, since the grid grows past an edge, ``bru_kaldi.decoding.sets.
+    tune``); for a run decoded before that, by the Python decoder, its chosen ``acwt`` and ``wip`` against
+    ``[decoding] acwt_sweep`` and ``wip_sweep`` of its resolved config (an edge there may only tie the
+    setting inside it, which those runs did not record: such a run is marked all the same).
+
+    >>> resolved = configparser.ConfigParser()
+    >>> resolved.read_string("[decoding]\\nacwt_sweep = 0.07,0.1,0.15,0.2\\nwip_sweep = 0.0,0.5,1.0\\n")
+    >>> tuning_edges({"acwt": "0.2", "wip": "0.5", "decoder": "python"}, resolved)
+    ['acwt']
+    >>> tuning_edges({"acwt": "0.3", "wip": "0", "grid": "acwt:0.1,0.2,0.3,0.4;wip:0,0.5,1"}, resolved)
+    []
+    """
+    if "grid" in setting:
+        return setting["edge"].split(",") if setting.get("edge") else []
+    if setting.get("decoder", "python") != "python" or "acwt" not in setting:
+        return []
+    edges = []
+    for axis, option, default in (("acwt", "acwt_sweep", ""), ("wip", "wip_sweep", "0.0")):
+        grid = [float(v) for v in resolved.get("decoding", option, fallback=default).split(",") if v.strip()]
+        if len(grid) > 1 and float(setting.get(axis, "0")) in (min(grid), max(grid)):
+            edges.append(axis)
+    return edges
+
+
 def read_run(folder) -> Run:
     """Read one experiment folder (see the module docstring); raises if it holds no resolved config."""
     folder = Path(folder)
@@ -118,11 +148,16 @@ def read_run(folder) -> Run:
     run = Run(folder, source, parser.getint("exp", "seed"), hashlib.sha1("\n".join(shared).encode()).hexdigest()[:12],
               architectures, frozenset(options))
     res = folder / "res.res"
+    settings = {}
     for line in res.read_text().splitlines() if res.is_file() else []:
         if m := _EPOCH.match(line):
             run.epochs.append({"epoch": int(m[1]), "dev_err": float(m[2]), "seconds": float(m[3])})
         elif m := _DECODED.match(line):
             run.errors[m[1]] = float(m[2])
+            settings[m[1]] = dict(_FIELD.findall(line))
+    tuned_on = parser.get("data_use", "valid_with", fallback="")
+    if tuned_on in settings:
+        run.edges = tuning_edges(settings[tuned_on], parser)
     log = folder / "log.txt"
     lines = log.read_text().splitlines() if log.is_file() else []
     speeds = [float(m[1]) for m in map(_FRAMES_PER_SECOND.search, lines) if m]

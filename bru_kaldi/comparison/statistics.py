@@ -58,8 +58,15 @@ table RESULTS.md keeps: at 2, 3 and 5 seeds a system the test's false positives 
 coverage are close to their 5 and 95 %, and the test set's part is estimated without the double count.
 
 **Seeds shared by configs.** Seed ``k`` of every config draws the same batches in the same order
-(the order comes from ``(seed, epoch, chunk)``), so a seed whose order happens to help or hurt does so
-for every config: in the built-in corpus's study, at seed 3, the rate of twelve of the thirteen
+(the order comes from ``(seed, epoch, chunk)``), so the two systems' seed x utterance interactions are
+correlated (measured on the archived studies: -0.05 to +0.17), and the seed-averaged spread then holds
+``(g_A + g_B - 2 cov) / S``, not ``(g_A + g_B) / S``: subtracting each system's interaction alone
+takes too much, and the test set's part (the floor) comes out too small, as low as 0. Where the two
+systems ran the same seeds (``paired``), the interaction is taken from the seed-paired differences
+instead, ``delta[s, u] = e_B[s, u] - e_A[s, u]``: the residual mean square of that table estimates
+``g_A + g_B - 2 cov`` whatever the correlation, and the test set's part is the spread less ``N MS_delta
+/ (S L^2)``. ``bench/power_simulation.py`` checks it on simulated paired studies with a known correlation.
+A seed whose order happens to help or hurt does so for every config: in the built-in corpus's study, at seed 3, the rate of twelve of the thirteen
 configs first halves after the same epoch (the fourth, whose dev error does not improve), and seed 3
 is one of the two worst of five seeds in twelve of the thirteen configs. Treating the two systems'
 seeds as independent, as the tests here do, then overstates the variance of the difference: the run-level test
@@ -247,7 +254,10 @@ class Components:
     runs: tuple[float, float]  # each system's variance of one run's rate: the sample variance of its seeds' rates
     interaction: tuple[float, float]  # the part of each that is seed x utterance interaction, N MS / L^2
     spread: float  # N var(d_u - D n_u) / L^2 of the seed-averaged differences: test set + interaction / seeds
-    test_set: float  # the spread less each system's interaction / its seeds (0 where that is negative)
+    test_set: float  # the spread less the interaction / the seeds (0 where that is negative)
+    # seeds paired (the same seeds in both systems): the interaction of the seed-paired differences,
+    # N MS_delta / L^2 (module docstring, "Seeds shared by configs"); None: the seeds are not paired
+    paired_interaction: Optional[float] = None
 
     def variance(self, seeds: Optional[int] = None) -> tuple[float, float]:
         """``(variance, df)`` of ``D`` with the seeds run, or with ``seeds`` per system if the components
@@ -257,15 +267,19 @@ class Components:
         sizes = self.seeds if seeds is None else (seeds, seeds)
         parts = [(runs / n, n - 1) for runs, n in zip(self.runs, sizes)]
         if self.test_set > 0:
-            shares = [(g / n, (n - 1) * (self.utterances - 1)) for g, n in zip(self.interaction, sizes)]
+            if self.paired_interaction is not None:
+                shares = [(self.paired_interaction / sizes[0], (sizes[0] - 1) * (self.utterances - 1))]
+            else:
+                shares = [(g / n, (n - 1) * (self.utterances - 1)) for g, n in zip(self.interaction, sizes)]
             parts += [(self.test_set + sum(v for v, _ in shares), self.utterances - 1)]
             parts += [(-v, df) for v, df in shares]
         return _welch(parts)
 
 
-def variance_components(errors_a, errors_b, lengths) -> Components:
+def variance_components(errors_a, errors_b, lengths, paired: bool = False) -> Components:
     """The :class:`Components` of B against A: ``errors_a`` ``(S_A, N)``, ``errors_b`` ``(S_B, N)`` errors per
-    seed and utterance (at least two seeds each), ``lengths`` ``(N,)``.
+    seed and utterance (at least two seeds each), ``lengths`` ``(N,)``. ``paired``: row ``s`` of both is the
+    same seed (module docstring, "Seeds shared by configs"), and the interaction comes from their differences.
 
     >>> a = [[1, 1, 1, 1], [2, 2, 2, 2]]  # A's second seed: one more error on every utterance
     >>> c = variance_components(a, [[2, 1, 1, 1], [3, 2, 2, 2]], [5, 5, 5, 5])  # B: one more on the first
@@ -274,6 +288,13 @@ def variance_components(errors_a, errors_b, lengths) -> Components:
     >>> c = variance_components(a, [[3, 1, 1, 1], [2, 2, 2, 2]], [5, 5, 5, 5])  # B's seeds differ on one utterance
     >>> [round(v, 6) for v in (*c.runs, *c.interaction, c.spread, c.test_set)]  # all of it interaction
     [0.02, 0.005, 0.0, 0.005, 0.0025, 0.0]
+    >>> a = [[2, 1, 1, 1], [1, 2, 1, 1]]  # seed 1: one error more on the first utterance, seed 2 on the second
+    >>> b = [[3, 1, 1, 1], [2, 2, 1, 1]]  # the same seeds doing the same, and B one error worse on the first
+    >>> variance_components(a, b, [5, 5, 5, 5]).test_set  # the interaction taken twice: nothing left
+    0.0
+    >>> c = variance_components(a, b, [5, 5, 5, 5], paired=True)  # it cancels in the seed-paired differences
+    >>> round(c.paired_interaction, 6), round(c.test_set, 6), round(c.spread, 6)
+    (0.0, 0.0025, 0.0025)
     """
     errors_a, lengths = _check(errors_a, lengths)
     errors_b, _ = _check(errors_b, lengths)
@@ -287,8 +308,15 @@ def variance_components(errors_a, errors_b, lengths) -> Components:
     interaction = tuple(count * _interaction(e) / total ** 2 for e in (errors_a, errors_b))
     d = errors_b.mean(axis=0) - errors_a.mean(axis=0)
     spread = count * float(((d - d.sum() / total * lengths) ** 2).sum()) / (count - 1) / total ** 2
-    test_set = spread - sum(g / n for g, n in zip(interaction, sizes))
-    return Components(sizes, count, runs, interaction, spread, max(test_set, 0.0))
+    paired_interaction = None
+    if paired:
+        if sizes[0] != sizes[1]:
+            raise ValueError(f"paired seeds need as many seeds in both systems, got {sizes[0]} and {sizes[1]}")
+        paired_interaction = count * _interaction(errors_b - errors_a) / total ** 2
+        test_set = spread - paired_interaction / sizes[0]
+    else:
+        test_set = spread - sum(g / n for g, n in zip(interaction, sizes))
+    return Components(sizes, count, runs, interaction, spread, max(test_set, 0.0), paired_interaction)
 
 
 @dataclass(frozen=True)
@@ -355,18 +383,19 @@ class RunLevelTest:
 
 
 def run_level(errors_a, errors_b, lengths, alpha: float = 0.05, power: float = 0.8,
-              target: Optional[float] = None) -> Optional[RunLevelTest]:
+              target: Optional[float] = None, paired: bool = False) -> Optional[RunLevelTest]:
     """The run-level test of B against A (module docstring); ``None`` where a system has one seed.
 
     ``errors_a`` ``(S_A, N)``, ``errors_b`` ``(S_B, N)`` errors per seed and utterance, ``lengths`` ``(N,)``;
     ``target`` (a fraction, e.g. 0.015): a difference a study plans to resolve, whose seeds per system
-    the test gives as :attr:`RunLevelTest.seeds_for_target`, as it gives the observed difference's.
+    the test gives as :attr:`RunLevelTest.seeds_for_target`, as it gives the observed difference's;
+    ``paired``: row ``s`` of both is the same seed (:func:`variance_components`).
     """
     errors_a, lengths = _check(errors_a, lengths)
     errors_b, _ = _check(errors_b, lengths)
     if min(errors_a.shape[0], errors_b.shape[0]) < 2:
         return None
-    components = variance_components(errors_a, errors_b, lengths)
+    components = variance_components(errors_a, errors_b, lengths, paired)
     difference = error_rate(errors_b, lengths) - error_rate(errors_a, lengths)
     variance, df = components.variance()
     if variance == 0:

@@ -54,7 +54,9 @@ def decode_sets(jobs: Sequence[DecodeJob], decoding: Decoding, tune_on: Optional
     ``decode_dnn.sh`` at ``acwt``, then ``score.sh`` over LMWT 1..10 x WIP 0.0/0.5/1.0 on ``tune_on``,
     ties going to the larger LM weight (the same rule), then the smaller penalty; untuned, LMWT is
     round(post_decode_acwt / acwt) and the penalty the smallest of ``wip_sweep``, as the Python
-    decoder's. Each hypothesis file of score.sh is scored again with :func:`scoring.score`, so that
+    decoder's. Either way, a choice on the edge of its grid grows the grid past that edge and the new
+    settings are tried too (``sets.tune``, at most ``grid_extensions`` times an edge); ``res.res`` records
+    the final grid on the tuning set's line (``grid=``) and any edge the choice is still on (``edge=``). Each hypothesis file of score.sh is scored again with :func:`scoring.score`, so that
     utterances Kaldi failed on count as deletions (``compute-wer --mode=present`` drops them).
     HCLG.fst is scanned against the model for the Python decoder only (Kaldi checks transition-ids
     itself, and its graphs can be too large for a scan in Python); ``graph_dir/num_pdfs`` always.

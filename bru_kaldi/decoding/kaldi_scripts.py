@@ -20,13 +20,13 @@ from bru_kaldi import scoring
 from bru_kaldi.config import DECODERS
 from bru_kaldi.decoding.ctm import read_word_boundary
 from bru_kaldi.atomic import write_text_atomically
-from bru_kaldi.decoding.sets import (DecodeInputError, GraphMismatchError, KaldiDecodeError, KaldiNotFoundError, Pass,
-                                     Prepared, SetResult, choose, finish, pass_line)
+from bru_kaldi.decoding.sets import (ARITHMETIC, LM_WEIGHT, DecodeInputError, Grid, GraphMismatchError, KaldiDecodeError,
+                                     KaldiNotFoundError, Pass, Prepared, SetResult, finish, pass_line, tune)
 
 KALDI_BINARIES = ("latgen-faster-mapped", "lattice-scale", "lattice-add-penalty", "lattice-best-path", "compute-wer")
 KALDI_SCRIPTS = Path(__file__).resolve().parents[2] / "kaldi_decoding_scripts"
 KALDI_LMWTS = tuple(range(1, 11))  # score.sh's grid: LM weights 1..10 (acoustic scale 1 / LMWT) ...
-KALDI_WIPS = ("0.0", "0.5", "1.0")  # ... and word insertion penalties
+KALDI_WIPS = ("0.0", "0.5", "1.0")  # ... and word insertion penalties (both grown past an edge: sets.tune)
 
 
 def choose_decoder(decoder: str) -> str:
@@ -80,28 +80,43 @@ def _kaldi_decode(p: Prepared, decoding, num_jobs: int) -> float:
     return time.perf_counter() - start
 
 
-def _kaldi_score(p: Prepared, decoding, lmwts: Sequence[int], wips: Sequence[str]) -> list[Pass]:
-    """score.sh over the LMWT x WIP grid; each hypothesis file is scored again here (see decode_sets)."""
+def wip_text(penalty: float) -> str:
+    """A penalty as score.sh names its files: ``0.0``, ``0.5``, ``-0.5``.
+
+    >>> wip_text(0), wip_text(1.5), wip_text(-0.5)
+    ('0.0', '1.5', '-0.5')
+    """
+    return f"{float(penalty):.1f}" if float(penalty) * 10 == round(float(penalty) * 10) else f"{float(penalty):g}"
+
+
+def _kaldi_score(p: Prepared, decoding, settings: Sequence[tuple[int, str]]) -> list[Pass]:
+    """score.sh over the LM weights and penalties of ``settings`` (LMWT, WIP); each hypothesis file is scored
+    again here (see decode_sets). score.sh scores the whole rectangle of LM weights min..max by penalties,
+    so a grid grown at one edge rescores a little more than it needs; only ``settings`` are returned."""
     job = p.job
+    if not settings:
+        return []
+    lmwts, wips = sorted({lmwt for lmwt, _ in settings}), [wip_text(w) for w in sorted({float(w) for _, w in settings})]
     # score.sh takes a data dir: the references are copied into one of our own
     write_text_atomically(job.out_dir / "ref" / "text", job.ref_text.read_text(encoding="utf-8"))
     _run_script("score.sh", ["--scoring", decoding.scoring, "--min-lmwt", min(lmwts), "--max-lmwt", max(lmwts),
                              "--wip", " ".join(wips), job.out_dir / "ref", job.graph_dir, job.out_dir],
                 job.out_dir / "log" / "score.log", job.name)
     passes = []
-    for lmwt in lmwts:
-        for wip in wips:
-            hyps = scoring.read_text(job.out_dir / "scoring" / f"{lmwt}_{wip}.txt")
-            failed = {u: "no lattice, see log/decode.*.log" for u in sorted(p.frames) if u not in hyps}
-            # ties: the larger LM weight (the smaller acoustic scale, as in Python), then the smaller penalty
-            score = scoring.score(p.refs, hyps, decoding.scoring)
-            passes.append(Pass(f"lmwt={lmwt} wip={wip}", hyps, failed, [], score, value=(lmwt, wip),
-                                order=(-lmwt, float(wip))))
+    for lmwt, penalty in settings:
+        wip = wip_text(penalty)
+        hyps = scoring.read_text(job.out_dir / "scoring" / f"{lmwt}_{wip}.txt")
+        failed = {u: "no lattice, see log/decode.*.log" for u in sorted(p.frames) if u not in hyps}
+        # ties: the larger LM weight (the smaller acoustic scale, as in Python), then the smaller penalty
+        score = scoring.score(p.refs, hyps, decoding.scoring)
+        passes.append(Pass(f"lmwt={lmwt} wip={wip}", hyps, failed, [], score, value=(lmwt, float(penalty)),
+                           order=(-lmwt, float(penalty))))
     return passes
 
 
-def _kaldi_best_path(p: Prepared, lmwt: int, wip: str) -> Pass:
-    """Hypotheses of a set without references: the best path of each lattice at ``lmwt``, ``wip``."""
+def _kaldi_best_path(p: Prepared, lmwt: int, penalty: float) -> Pass:
+    """Hypotheses of a set without references: the best path of each lattice at ``lmwt``, ``penalty``."""
+    wip = wip_text(penalty)
     lattices = " ".join(shlex.quote(str(f)) for f in sorted(p.job.out_dir.glob("lat.*.gz")))
     words = shlex.quote(str(p.job.graph_dir / "words.txt"))
     rspecifier = shlex.quote(f"ark:gunzip -c {lattices} |")
@@ -127,7 +142,7 @@ def _kaldi_best_path(p: Prepared, lmwt: int, wip: str) -> Pass:
     for line in ali_file.read_text().splitlines() if ali_file.is_file() else []:
         utt, *tids = line.split()
         alignments[utt] = [int(t) for t in tids]
-    return Pass(f"lmwt={lmwt} wip={wip}", hyps, failed, [], None, alignments=alignments)
+    return Pass(f"lmwt={lmwt} wip={wip}", hyps, failed, [], None, value=(lmwt, float(penalty)), alignments=alignments)
 
 
 def lm_weights(post_decode_acwt: float) -> tuple[int, ...]:
@@ -148,31 +163,42 @@ def decode_kaldi(prepared: Sequence[Prepared], decoding, tune_on: Optional[str],
     # untuned: the LM weight that undoes the acoustic scale the lattices were made with, and the smallest
     # penalty of wip_sweep (as the Python decoder's)
     lmwt = max(1, round(decoding.post_decode_acwt / decoding.acwt))
-    wip = str(float(min(decoding.wip_sweep, default=0)))
+    wip = float(min(decoding.wip_sweep, default=0))
     note = "LM weight round([decoding] post_decode_acwt / acwt), not tuned"
     log(f"decoding with Kaldi (kaldi_decoding_scripts/decode_dnn.sh, score.sh), {num_jobs} job(s), "
         f"acwt {decoding.acwt:g}" + (f"; LM weight and insertion penalty tuned on {tune_on}" if tune_on
-                                     else f"; lmwt={lmwt} wip={wip}, not tuned"))
+                                     else f"; lmwt={lmwt} wip={wip_text(wip)}, not tuned"))
     results = {}
     for p in sorted(prepared, key=lambda p: p.job.name != tune_on):
         lines: list[str] = []
         seconds = _kaldi_decode(p, decoding, num_jobs)
+        grid = None
         if p.job.name == tune_on:  # lattices are rescored for each setting, not decoded again
-            passes = _kaldi_score(p, decoding, lm_weights(decoding.post_decode_acwt), KALDI_WIPS)
-            for r in passes:
-                lines.append(pass_line(p.job.name, r))
+            grid = Grid({"lmwt": list(lm_weights(decoding.post_decode_acwt)), "wip": [float(w) for w in KALDI_WIPS]},
+                        {"lmwt": LM_WEIGHT, "wip": ARITHMETIC})
+
+            def evaluate(settings, p=p, lines=lines):
+                passes = _kaldi_score(p, decoding, settings)
+                for r in passes:
+                    lines.append(pass_line(p.job.name, r))
+                    log(lines[-1])
+                return passes
+
+            def say(line, lines=lines, name=p.job.name):
+                lines.append(f"{name}: {line}")
                 log(lines[-1])
-            chosen = choose(passes)
+
+            passes, chosen = tune(grid, evaluate, decoding.grid_extensions, say)
             lmwt, wip = chosen.value
             note = f"tuned on {tune_on}: fewest errors, ties to the larger LM weight, then the smaller penalty"
         elif p.refs is not None:
-            passes = _kaldi_score(p, decoding, [lmwt], [wip])
+            passes = _kaldi_score(p, decoding, [(lmwt, wip)])
             chosen = passes[0]
         else:
             passes = [_kaldi_best_path(p, lmwt, wip)]
             chosen = passes[0]
         if not chosen.alignments and read_word_boundary(p.job.graph_dir) is not None:  # the CTM needs them
-            chosen.alignments = _kaldi_best_path(p, *(chosen.value or (lmwt, wip))).alignments
+            chosen.alignments = _kaldi_best_path(p, *chosen.value).alignments
         results[p.job.name] = finish(p, chosen, passes, seconds, 1, "kaldi", note, lines, log,
-                                     (decoding.post_decode_acwt / lmwt, float(wip)))
+                                     (decoding.post_decode_acwt / lmwt, wip), grid)
     return results
