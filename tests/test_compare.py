@@ -163,6 +163,32 @@ def test_the_interaction_is_taken_out_of_the_test_sets_part():
     assert statistics.run_level(SEEDS_A, SEEDS_A, lengths).reading() == "not resolved with 3 / 3 seeds"
 
 
+def test_paired_seeds_take_the_interaction_from_their_differences():
+    """Simulated studies whose two systems ran the same seeds, with interactions that correlate (rho 0.5) and a
+    known test set's part: from the seed-paired differences it is estimated without bias; subtracting each
+    system's interaction alone takes the shared part twice and leaves next to nothing (the floor of 0.00)."""
+    rng = np.random.default_rng(7)
+    count, length, seeds, rho = 200, 10, 3, 0.5
+    disagreement, interaction = 1.0, 4.0  # variances of b_u and of each g[s, u], in counts squared
+    truth = count * disagreement / (count * length) ** 2
+    paired, unpaired = [], []
+    for _ in range(300):
+        base = rng.normal(3.0, 1.0, count)
+        shared = rng.normal(0.0, 1.0, (seeds, count))
+        own = rho * shared + math.sqrt(1 - rho ** 2) * rng.normal(0.0, 1.0, (seeds, count))
+        a = base + rng.normal(0.0, 0.3, (seeds, 1)) + math.sqrt(interaction) * shared
+        b = base + rng.normal(0.0, math.sqrt(disagreement), count) + rng.normal(0.0, 0.3, (seeds, 1)) \
+            + math.sqrt(interaction) * own
+        lengths = np.full(count, length)
+        c = statistics.variance_components(a, b, lengths, paired=True)
+        paired.append(c.spread - c.paired_interaction / seeds)  # unclipped: its mean is the truth
+        unpaired.append(statistics.variance_components(a, b, lengths).test_set)
+    assert np.mean(paired) == pytest.approx(truth, rel=0.1)
+    assert np.mean(unpaired) < 0.3 * truth
+    with pytest.raises(ValueError, match="as many seeds in both"):
+        statistics.variance_components(a, b[:2], lengths, paired=True)
+
+
 def test_a_test_sets_part_that_remains_and_the_seeds_a_target_needs():
     """B as above with two more errors on the first utterance at every seed (the interaction and the seeds'
     rates' spread stay): d = [1/3, -4/3, -4/3, -4/3], D = -11/120, residuals d - D n_u = [15/12, -5/12 x 3],
@@ -530,6 +556,39 @@ def test_only_the_utterances_every_run_scored_are_compared_each_with_its_length(
     assert row.versus["run_level"].p_value == pytest.approx(expected.p_value)
     assert row.versus["run_level"].utterance_variance == pytest.approx(expected.utterance_variance)
     assert row.versus["difference"] == pytest.approx(expected.difference)
+
+
+def test_runs_tuned_on_an_edge_are_marked_and_a_column_tuned_on_part_of_it_is_held_out(tmp_path):
+    """Seed 1 recorded its grid and an edge (res.res edge=), seed 2 its grid and no edge, seed 3 was decoded
+    before grids grew: its scale is the top of the config's acwt_sweep. dev_core (u00-u09) chose the setting,
+    so the dev column is dev's other utterances (u10-u29), each seed's rate over those alone."""
+    tuned = {1: "acwt=0.4 wip=0 decoder=python rtf=0.1 grid=acwt:0.1,0.2,0.4;wip:0,0.5 edge=acwt",
+             2: "acwt=0.2 wip=0 decoder=python rtf=0.1 grid=acwt:0.1,0.2,0.4;wip:-0.5,0,0.5",
+             3: "acwt=0.4 wip=0.5 decoder=python rtf=0.1"}
+    held_out = {}
+    for seed, setting in tuned.items():
+        folder = tmp_path / f"seed{seed}"
+        fake_run(folder, "MINI_A", "ligru", seed, [seed] * 30, 30.0, 31.0)
+        with open(folder / "config.resolved.cfg", "a") as f:
+            f.write("[data_use]\nvalid_with = dev_core\n[decoding]\nacwt_sweep = 0.1,0.2,0.4\nwip_sweep = -0.5,0,0.5\n")
+        res = (folder / "res.res").read_text()
+        (folder / "res.res").write_text(res.replace("dev: ", f"dev_core: %WER 9.00 [ 9 / 100, 0 ins, 0 del, 9 sub ] {setting}\ndev: "))
+        dev = {f"u{u:02d}": (u % 3 + seed) for u in range(30)}  # errors per utterance, 10 tokens each
+        for name, utterances in (("dev", range(30)), ("dev_core", range(10))):
+            (folder / f"decode_{name}").mkdir(exist_ok=True)
+            (folder / f"decode_{name}" / "per_utt").write_text("".join(f"u{u:02d} 10 {dev[f'u{u:02d}']} 0 0 0\n"
+                                                                        for u in utterances))
+        held_out[seed] = 100 * sum(dev[f"u{u:02d}"] for u in range(10, 30)) / 200
+    (system,) = group(find_runs([str(tmp_path)]))
+    assert [r.edges for r in system.runs] == [["acwt"], [], ["acwt", "wip"]]
+    (row,) = report.rows([system], ["dev", "test"], None, "test", replications=100)
+    assert row.on_edge == [True, False, True] and row.labels == {"dev": "dev without dev_core"}
+    assert row.errors["dev"] == [pytest.approx(held_out[seed]) for seed in (1, 2, 3)]
+    assert system.runs[0].held_out("dev") == (pytest.approx(held_out[1]), 20, 10)
+    table = report.markdown([row], "test")
+    assert f"{held_out[1]:.2f}‡ / {held_out[2]:.2f} / {held_out[3]:.2f}‡" in table
+    assert "| dev without dev_core per seed |" in table and "31.00‡ / 31.00 / 31.00‡" in table
+    assert report.EDGE_NOTE in table and "the rest of dev is held out" in table
 
 
 def test_a_resumed_run_is_of_the_machine_it_finished_on(tmp_path):

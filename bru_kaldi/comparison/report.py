@@ -40,6 +40,8 @@ class Row:
     versus: dict  # difference (a fraction), run_level (a RunLevelTest or None), matched_pairs_p, sign_p
     failed: int = 0  # runs of this system without a result (failed, or still running)
     on_edge: list[bool] = field(default_factory=list)  # per finished run: its tuned setting on its grid's edge
+    # set -> what its column holds where that is not the whole set: "dev without dev_core" (Run.held_out)
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 EDGE_MARK = "‡"
@@ -74,6 +76,12 @@ def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str]
         done = [r for r in system.runs if r.finished]
         finished = System(system.name, done)
         errors = {name: [r.errors[name] for r in done if name in r.errors] for name in sets}
+        labels = {}
+        for name in sets:  # a set whose decoding setting was chosen on part of it: the rest, held out
+            held = [r.held_out(name) for r in done]
+            if name != test_set and done and all(held) and len({r.tuned_on for r in done}) == 1:
+                errors[name] = [rate for rate, _, _ in held]
+                labels[name] = f"{name} without {done[0].tuned_on}"
         intervals, versus = {}, {}
         if done and all(test_set in r.errors for r in done):
             e, n, _ = finished.errors(test_set)
@@ -102,7 +110,7 @@ def rows(systems: Sequence[System], sets: Sequence[str], baseline: Optional[str]
         out.append(Row(system.name, system.describe(), _mean([r.parameters for r in done]),
                        _mean([len(r.epochs) for r in done]), _mean([r.training_seconds for r in costed]),
                        _mean([r.frames_per_second for r in costed]), errors, intervals, versus,
-                       failed=len(system.runs) - len(done), on_edge=[bool(r.edges) for r in done]))
+                       failed=len(system.runs) - len(done), on_edge=[bool(r.edges) for r in done], labels=labels))
     return out
 
 
@@ -139,11 +147,12 @@ def _run_level_p(versus: dict) -> str:
     return "one seed" if test is None else format(test.p_value, ".3g")
 
 
-def headers(sets: Sequence[str], test_set: str) -> list[str]:
+def headers(sets: Sequence[str], test_set: str, labels: Optional[dict] = None) -> list[str]:
     names = ["system", "units", "parameters", "epochs", "training", "frames/s"]
     for name in sets:
-        names += [f"{name} per seed", f"{name} mean ± sd"] + ([f"{name} 95 % interval (bootstrap)"] if name == test_set
-                                                              else [])
+        label = (labels or {}).get(name, name)
+        names += [f"{label} per seed", f"{label} mean ± sd"] + ([f"{name} 95 % interval (bootstrap)"]
+                                                                if name == test_set else [])
     return names + ["run-level P(better than baseline), one-sided", "run-level p, two-sided",
                     "utterance-only p (matched pairs)", "utterance-only p (sign test)"]
 
@@ -152,14 +161,21 @@ TABLE_NOTE = ("Run-level P(better than baseline): one minus the one-sided p of t
               "probability under a flat prior; run-level p: the two-sided p of the same t.")
 
 
+def _labels(table: Sequence[Row]) -> dict[str, str]:
+    return {name: label for row in table for name, label in row.labels.items()}
+
+
 def notes(table: Sequence[Row]) -> str:
-    """What the columns' numbers are, under a table; the edge mark's meaning where a run has it."""
-    return TABLE_NOTE + (f" {EDGE_NOTE}" if any(any(row.on_edge) for row in table) else "")
+    """What the columns' numbers are, under a table: held-out columns, the run-level ones, the edge mark."""
+    held = [f"\"{label}\": the error over {name}'s utterances that {label.split(' without ')[1]}, the set the decoding "
+            f"setting was chosen on, does not hold (the rest of {name} is held out; the whole set's rate is in res.res)."
+            for name, label in _labels(table).items()]
+    return " ".join(held + [TABLE_NOTE] + ([EDGE_NOTE] if any(any(row.on_edge) for row in table) else []))
 
 
 def markdown(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] = None) -> str:
     sets = list(sets or table[0].errors)
-    head = headers(sets, test_set)
+    head = headers(sets, test_set, _labels(table))
     align = ["---", "---"] + ["---:"] * 4 + [a for name in sets for a in (["---", "---:"] + (["---:"] if name == test_set else []))]
     align += ["---:"] * 4
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
@@ -170,7 +186,7 @@ def markdown(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] 
 def text(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] = None) -> str:
     """An aligned plain-text table for the terminal."""
     sets = list(sets or table[0].errors)
-    grid = [headers(sets, test_set)] + [_cells(row, sets, test_set) for row in table]
+    grid = [headers(sets, test_set, _labels(table))] + [_cells(row, sets, test_set) for row in table]
     widths = [max(len(r[i]) for r in grid) for i in range(len(grid[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in grid) + "\n" + notes(table)
 
@@ -179,7 +195,7 @@ def csv_text(table: Sequence[Row], test_set: str, sets: Optional[Sequence[str]] 
     sets = list(sets or table[0].errors)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(headers(sets, test_set))
+    writer.writerow(headers(sets, test_set, _labels(table)))
     writer.writerows(_cells(row, sets, test_set) for row in table)
     return buffer.getvalue()
 

@@ -54,6 +54,7 @@ class Run:
     # the axes of the decoding grid (acwt, wip, lmwt) whose edge the setting chosen on the tuning set is on
     # (tuning_edges): a run that may have been decoded below its best
     edges: list[str] = field(default_factory=list)
+    tuned_on: str = ""  # the set the decoding setting was chosen on ([data_use] valid_with), where it was decoded
 
     @property
     def finished(self) -> bool:
@@ -62,6 +63,23 @@ class Run:
     @property
     def training_seconds(self) -> float:
         return sum(e["seconds"] for e in self.epochs)
+
+    def held_out(self, name: str) -> Optional[tuple[float, int, int]]:
+        """Set ``name``'s error rate (percent) over its utterances that the tuning set does not hold, with how
+        many are kept and how many left out: what a column says when the decoding setting was chosen on part
+        of it (``dev_core`` of ``dev``). None where the tuning set shares no utterance with it (or is it), or
+        either's counts are missing."""
+        if not self.tuned_on or name == self.tuned_on:
+            return None
+        try:
+            counts, tuning = self.per_utterance(name), self.per_utterance(self.tuned_on)
+        except FileNotFoundError:
+            return None
+        kept = [u for u in counts if u not in tuning]
+        if len(kept) == len(counts) or not kept:
+            return None
+        tokens = sum(counts[u][0] for u in kept)
+        return 100.0 * sum(counts[u][1] for u in kept) / tokens, len(kept), len(counts) - len(kept)
 
     def per_utterance(self, name: str) -> dict[str, tuple[int, int]]:
         """``{utterance: (reference length, errors)}`` of decoded set ``name``."""
@@ -158,6 +176,7 @@ def read_run(folder) -> Run:
     tuned_on = parser.get("data_use", "valid_with", fallback="")
     if tuned_on in settings:
         run.edges = tuning_edges(settings[tuned_on], parser)
+        run.tuned_on = tuned_on
     log = folder / "log.txt"
     lines = log.read_text().splitlines() if log.is_file() else []
     speeds = [float(m[1]) for m in map(_FRAMES_PER_SECOND.search, lines) if m]
