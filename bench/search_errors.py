@@ -12,7 +12,10 @@ utterance-level matched-pairs p of it: the network is the same, so the utterance
 variation (no seed enters), and that test is the right one here.
 
 Usage: python bench/search_errors.py RUN_DIR... [--set test] [--settings 13:2000 15:7000 17:15000] [--jobs N]
-                                    [--markdown RESULTS.md --section search-errors]
+                                    [--lattice N] [--markdown RESULTS.md --section search-errors]
+
+``--lattice N`` also times, on each run's first N utterances, what tuning on lattices would take instead
+(kaldi-decoder's LatticeSimpleDecoder against FasterDecoder at the narrowest setting).
   e.g. python bench/search_errors.py results/study_runs/.../MINIW_liGRU/seed1 --settings 13:2000 15:7000
 """
 
@@ -37,7 +40,8 @@ from bru_kaldi import scoring  # noqa: E402
 from bru_kaldi.comparison import report, statistics  # noqa: E402
 from bru_kaldi.config import parse_config  # noqa: E402
 from bru_kaldi.decoding.sets import read_words  # noqa: E402
-from bru_kaldi.decoding.utterance import DecoderOptions, NoPathError, decode, load_graph, with_word_penalty  # noqa: E402
+from bru_kaldi.decoding.utterance import (DecoderOptions, NoPathError, decode, load_graph,  # noqa: E402
+                                          transition_loglikes, with_word_penalty)
 from bru_kaldi.kaldi.transition_model import read_transition_model  # noqa: E402
 from bru_kaldi.machine import cpu_model, load_average  # noqa: E402
 from bru_kaldi.records import read_decoding  # noqa: E402
@@ -109,6 +113,36 @@ def measure(run: Path, name: str, settings, log) -> tuple[list[Decoded], float, 
     return out, audio, label
 
 
+def lattice_cost(run: Path, name: str, utterances: int, beam: float, max_active: int) -> str:
+    """What tuning on lattices would cost the Python decoder: kaldi-decoder's LatticeSimpleDecoder (the one
+    decoder of the pinned packages whose lattice Python can read; kaldi-hmm-gmm's LatticeFasterDecoder
+    returns its best path alone) against FasterDecoder, CPU seconds on the set's first ``utterances``."""
+    import kaldi_decoder
+
+    choice = read_decoding(run)
+    model = read_transition_model(run / "final.mdl")
+    graph = load_graph(Path(choice.graph) / "HCLG.fst")
+    items = list(kaldiio.load_scp(str(run / f"forward_{name}" / "loglikes.scp")).items())[:utterances]
+    seconds, arcs = [0.0, 0.0], 0
+    for utt, loglikes in items:
+        loglikes = np.asarray(loglikes, dtype=np.float32)
+        started = time.process_time()
+        decode(loglikes, graph, model.tid2pdf, DecoderOptions(beam=beam, max_active=max_active,
+                                                              acoustic_scale=choice.acoustic_scale))
+        seconds[0] += time.process_time() - started
+        started = time.process_time()
+        scores = transition_loglikes(loglikes, model.tid2pdf, choice.acoustic_scale)
+        decoder = kaldi_decoder.LatticeSimpleDecoder(graph, kaldi_decoder.LatticeSimpleDecoderConfig(beam=beam,
+                                                                                                    lattice_beam=8.0))
+        decoder.decode(kaldi_decoder.DecodableCtc(scores))
+        _, lattice = decoder.get_raw_lattice(True)
+        seconds[1] += time.process_time() - started
+        arcs += sum(lattice.num_arcs(state) for state in range(lattice.num_states))
+    return (f"{run} ({len(items)} utterances of {name}): FasterDecoder (beam {beam:g}, max-active {max_active}) "
+            f"{seconds[0]:.1f} CPU s, LatticeSimpleDecoder (beam {beam:g}, lattice beam 8) {seconds[1]:.1f} CPU s, "
+            f"{seconds[1] / seconds[0]:.0f} times as long, {arcs / len(items):.0f} raw lattice arcs an utterance")
+
+
 def measure_quietly(work) -> tuple[str, list[Decoded], float]:
     run, name, settings = work
     decoded, audio, label = measure(run, name, settings, lambda line: print(line, flush=True))
@@ -146,6 +180,8 @@ def main(argv=None) -> None:
     parser.add_argument("--set", default="test", dest="name")
     parser.add_argument("--settings", nargs="+", type=parse_setting, default=[(13.0, 2000), (15.0, 7000), (17.0, 15000)])
     parser.add_argument("--jobs", type=int, default=1, help="runs decoded at once, one process each")
+    parser.add_argument("--lattice", type=int, default=0, metavar="N",
+                        help="also time a lattice decoder against FasterDecoder on the first N utterances of each run")
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--section", default="search-errors")
     args = parser.parse_args(argv)
@@ -160,6 +196,9 @@ def main(argv=None) -> None:
     else:
         results = [measure_quietly(w) for w in work]
     text = table(results, args.settings, args.name)
+    if args.lattice:
+        lines = [lattice_cost(run, args.name, args.lattice, *args.settings[0]) for run in args.runs]
+        text += "\n\nTuning on lattices instead of decoding again:\n\n" + "\n".join(f"- {line}" for line in lines)
     print(text)
     if args.markdown:
         command = "python bench/search_errors.py " + shlex.join(sys.argv[1:])

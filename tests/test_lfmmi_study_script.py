@@ -36,6 +36,9 @@ def test_the_sweeps_pair_each_unit_with_its_chain_model_then_the_ablation_and_th
 
 def test_stage_4_archives_and_tables_lfmmi_against_cross_entropy(tmp_path):
     (tmp_path / "out" / "words").mkdir(parents=True)
+    kept = tmp_path / "kept"
+    for seed in (1, 4):  # the word task's runs before this stage: seed 1 is the ablation's, seed 4 is not
+        fake_run(kept / "words" / "MINIW_liGRU_lfmmi" / f"seed{seed}", "MINIW_liGRU_lfmmi", "ligru", seed, [1] * 30, 20, 20)
     calls = run_script(tmp_path, "--stage", "4", script=SCRIPT)
     archives = [c[2:] for c in calls if c[:2] == ["compare.py", "archive"]]
     assert archives == [[str(tmp_path / "out" / "words"), str(tmp_path / "kept" / "words")]]
@@ -47,8 +50,16 @@ def test_stage_4_archives_and_tables_lfmmi_against_cross_entropy(tmp_path):
     assert ablation[ablation.index("--baseline") + 1] == "MINIW_liGRU_lfmmi_first"
     assert {f"MINIW_liGRU_lfmmi_{f}:MINIW_liGRU_lfmmi_first" for f in ("weights", "initial", "chain", "schedule")} | \
         {"MINIW_liGRU_lfmmi:MINIW_liGRU_lfmmi_without_schedule"} <= set(ablation[ablation.index("--pairs") + 1].split(","))
-    # the full recipe and cross-entropy at the ablation's seeds, from the word task's runs
-    assert str(tmp_path / "kept" / "words" / "MINIW_liGRU_lfmmi" / "seed[1-3]") in ablation
+    # the full recipe and cross-entropy at the ablation's seeds: the word task's runs as they were, kept beside it
+    assert ablation[2:3] == [str(kept / "ablation")]
+    assert sorted(p.name for p in (kept / "ablation" / "baselines" / "MINIW_liGRU_lfmmi").iterdir()) == ["seed1"]
+    assert [p.name for p in (kept / "choices" / "recipe" / "MINIW_liGRU_lfmmi").iterdir()] == ["seed1"]
+    choices = tables["lfmmi-choices"]  # the recipe first: its runs keep the config's name
+    assert choices[2:4] == [str(kept / "choices" / "recipe"), str(kept / "choices" / "order1")]
+    # a later stage 4, after the word runs were made again, leaves those copies as they were
+    (kept / "words" / "MINIW_liGRU_lfmmi" / "seed1" / "res.res").write_text("rerun\n")
+    run_script(tmp_path, "--stage", "4", script=SCRIPT)
+    assert (kept / "ablation" / "baselines" / "MINIW_liGRU_lfmmi" / "seed1" / "res.res").read_text() != "rerun\n"
     for section in tables:
         assert f"<!-- compare.py {section} -->" in (ROOT / "RESULTS.md").read_text()
 

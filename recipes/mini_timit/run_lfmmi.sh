@@ -23,8 +23,9 @@
 #   4 tables    compare.py archive of the finished runs (no weights) into <archive> (committed); compare.py
 #               table of each task with the pairs LF-MMI : cross-entropy into RESULTS.md's generated sections
 #               lfmmi-words and lfmmi-phones; of the ablation (with the full recipe's and cross-entropy's seeds
-#               1-3 from stage 1) into lfmmi-ablation; of the choices (with the recipe's seeds 1-2) into
-#               lfmmi-choices
+#               1-3 from stage 1, kept in <archive>/ablation/baselines as they were decoded when the ablation
+#               ran) into lfmmi-ablation; of the choices (with the recipe's seeds 1-2, kept in
+#               <archive>/choices/recipe) into lfmmi-choices
 
 # Begin configuration section.
 stage=1
@@ -101,8 +102,25 @@ if [ "$stage" -le 3 ] && [ "$stop_stage" -ge 3 ]; then
   done
 fi
 
+# keep_baselines PART SEEDS CONFIG...: the ablation and the choices are read beside the recipe's (and
+# cross-entropy's) word runs of their seeds as they were decoded then: copies of <archive>/words's runs kept in
+# <archive>/PART, made the first time (before this stage archives new word runs), never replaced after
+keep_baselines() {
+  local part=$1 seeds=$2 name run
+  shift 2
+  [ -d "$archive/$part" ] && return 0
+  for name in "$@"; do
+    for run in "$archive/words/$name"/seed[$seeds]; do
+      [ -d "$run" ] || continue
+      mkdir -p "$archive/$part/$name" && cp -R "$run" "$archive/$part/$name/"
+    done
+  done
+}
+
 if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   echo "$(date '+%F %T') Stage 4: tables"
+  keep_baselines ablation/baselines "$ablation_seeds" MINIW_liGRU MINIW_liGRU_lfmmi
+  keep_baselines choices/recipe "$choice_seeds" MINIW_liGRU_lfmmi
   for part in words phones ablation "${choices[@]/#/choices/}"; do
     if [ -d "$out/$part" ]; then python compare.py archive "$out/$part" "$archive/$part"; fi
   done
@@ -113,10 +131,9 @@ if [ "$stage" -le 4 ] && [ "$stop_stage" -ge 4 ]; then
   # each fix alone against the first version; the whole recipe against the first version, against itself
   # without the schedule, and against cross-entropy at the same seeds
   first=MINIW_liGRU_lfmmi_first
-  python compare.py table "$archive/ablation" "$archive/words/MINIW_liGRU/seed[$ablation_seeds]" \
-    "$archive/words/MINIW_liGRU_lfmmi/seed[$ablation_seeds]" --baseline $first \
+  python compare.py table "$archive/ablation" --baseline $first \
     --pairs "$(join MINIW_liGRU_lfmmi_{weights,initial,chain,schedule}:$first MINIW_liGRU_lfmmi:$first MINIW_liGRU_lfmmi:MINIW_liGRU_lfmmi_without_schedule MINIW_liGRU_lfmmi:MINIW_liGRU $first:MINIW_liGRU)" \
     --markdown RESULTS.md --section lfmmi-ablation
-  python compare.py table "$archive/words/MINIW_liGRU_lfmmi/seed[$choice_seeds]" "${choices[@]/#/$archive/choices/}" \
+  python compare.py table "$archive/choices/recipe" "${choices[@]/#/$archive/choices/}" \
     --baseline MINIW_liGRU_lfmmi --markdown RESULTS.md --section lfmmi-choices
 fi
