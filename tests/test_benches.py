@@ -31,7 +31,7 @@ SMOKE = {  # script -> what its last lines must say
 
 
 def test_every_bench_script_is_checked():
-    checked = set(SMOKE) | {"training_step.py", "seeds.py", "cuda_check.sh"}
+    checked = set(SMOKE) | {"training_step.py", "seeds.py", "cuda_check.sh", "search_errors.py"}
     assert {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")} == checked
 
 
@@ -51,6 +51,23 @@ def test_the_seeds_bench_judges_a_run_of_the_tiny_config(tiny_corpus, tmp_path):
                             timeout=600)
     # one epoch of the tiny corpus does not beat chance: the bench says so, and exits 1
     assert result.returncode == 1 and "tiny_liBRU seed 1: NOT LEARNING" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_search_error_bench_decodes_a_trained_run_as_it_was_decoded_then_wider(tiny_word_model, tmp_path):
+    """At the narrowest setting (the run's own beam and max-active) the bench's WER is the run's test WER; a
+    wider search finds no costlier path; its markdown goes between the section's markers."""
+    results = tmp_path / "R.md"
+    results.write_text("<!-- search_errors.py search-errors -->\n<!-- /search_errors.py search-errors -->\n")
+    result = subprocess.run([sys.executable, str(BENCH / "search_errors.py"), str(tiny_word_model), "--settings",
+                             "13:2000", "16:9000", "--lattice", "2", "--markdown", str(results)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    test_wer = next(line for line in (tiny_word_model / "res.res").read_text().splitlines()
+                    if line.startswith("test:")).split()[2]
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith(f"| {tiny_word_model.parent.name}")]
+    assert [row[1:4] for row in rows] == [["13", "2000", test_wer], ["16", "9000", rows[1][3]]]
+    assert rows[0][6] == "0" and "times as long" in result.stdout and "all runs: 16:9000 against 13:2000" in result.stdout
+    assert "python bench/search_errors.py" in results.read_text() and rows[0][0] in results.read_text()
 
 
 def test_the_cuda_checks_run_their_steps_cpu_modes(tmp_path):
