@@ -296,7 +296,7 @@ def test_the_table_groups_seeds_and_tests_against_the_baseline(tmp_path):
     assert "30.00 / 31.00 / 32.00" in text and "31.00 ± 1.00" in text
     # the header, the rule, A's row, B's, then what the run-level columns are
     assert (tmp_path / "t.md").read_text().count("\n") == 6 and "MINI_B" in (tmp_path / "t.csv").read_text()
-    assert "one-sided p of the run-level t, read as a probability under a flat prior" in (tmp_path / "t.md").read_text()
+    assert "1 - the one-sided p of the run-level t, read as a probability under a flat prior" in (tmp_path / "t.md").read_text()
     # the interval's cell is the bootstrap's percentiles, P(better) and p the run-level test's
     lines = (tmp_path / "t.md").read_text().splitlines()  # the header, the rule, A's row, B's
     cells = dict(zip(*[line.strip("| ").split(" | ") for line in (lines[0], lines[3])]))
@@ -588,7 +588,7 @@ def test_runs_tuned_on_an_edge_are_marked_and_a_column_tuned_on_part_of_it_is_he
     table = report.markdown([row], "test")
     assert f"{held_out[1]:.2f}‡ / {held_out[2]:.2f} / {held_out[3]:.2f}‡" in table
     assert "| dev without dev_core per seed |" in table and "31.00‡ / 31.00 / 31.00‡" in table
-    assert report.EDGE_NOTE in table and "the rest of dev is held out" in table
+    assert report.EDGE_NOTE in table and "dev less the utterances of dev_core, which chose the decoding setting" in table
 
 
 def test_a_resumed_run_is_of_the_machine_it_finished_on(tmp_path):

@@ -10,7 +10,7 @@ run-level test alone.
 | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |
 | MINI_liBRU | libru 2x256 uni | 0.54M | 8 | 2.8 min | 17000 | 30.10 / 31.70 | 30.90 ± 1.13 | 29.20-32.60 |  |  |  |  |
 <BLANKLINE>
-Run-level P(better than baseline): one minus the one-sided p of the run-level t, read as a probability under a flat prior; run-level p: the two-sided p of the same t.
+Run-level P(better than baseline): 1 - the one-sided p of the run-level t, read as a probability under a flat prior; run-level p: two-sided.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ class Row:
 
 
 EDGE_MARK = "‡"
-EDGE_NOTE = (f"{EDGE_MARK}: a run whose decoding setting, chosen on its tuning set, is the first or last of the grid "
-             "it was chosen from (res.res: edge=, or for a run decoded before grids grew, its setting against "
-             "the config's acwt_sweep and wip_sweep): it may have been decoded below its best.")
+EDGE_NOTE = (f"{EDGE_MARK}: the run's decoding setting, chosen on its tuning set, is the first or last of its grid "
+             "(res.res edge=; for a run decoded before grids grew, its setting against the config's acwt_sweep and "
+             "wip_sweep): it may have been decoded below its best.")
 
 
 def _mean(values):
@@ -157,8 +157,8 @@ def headers(sets: Sequence[str], test_set: str, labels: Optional[dict] = None) -
                     "utterance-only p (matched pairs)", "utterance-only p (sign test)"]
 
 
-TABLE_NOTE = ("Run-level P(better than baseline): one minus the one-sided p of the run-level t, read as a "
-              "probability under a flat prior; run-level p: the two-sided p of the same t.")
+TABLE_NOTE = ("Run-level P(better than baseline): 1 - the one-sided p of the run-level t, read as a probability "
+              "under a flat prior; run-level p: two-sided.")
 
 
 def _labels(table: Sequence[Row]) -> dict[str, str]:
@@ -167,9 +167,8 @@ def _labels(table: Sequence[Row]) -> dict[str, str]:
 
 def notes(table: Sequence[Row]) -> str:
     """What the columns' numbers are, under a table: held-out columns, the run-level ones, the edge mark."""
-    held = [f"\"{label}\": the error over {name}'s utterances that {label.split(' without ')[1]}, the set the decoding "
-            f"setting was chosen on, does not hold (the rest of {name} is held out; the whole set's rate is in res.res)."
-            for name, label in _labels(table).items()]
+    held = [f"\"{label}\": {name} less the utterances of {label.split(' without ')[1]}, which chose the decoding setting "
+            f"(held out; the whole set's rate is in res.res)." for name, label in _labels(table).items()]
     return " ".join(held + [TABLE_NOTE] + ([EDGE_NOTE] if any(any(row.on_edge) for row in table) else []))
 
 
@@ -262,12 +261,10 @@ PAIR_HEADERS = ("system", "against", "seeds", "{set} error", "against's", "diffe
                 "relative (95 % interval)", "run-level P(better), one-sided", "run-level p, two-sided",
                 "utterance-only p (matched pairs)", "utterance-only p (sign test)", "at 5 % (run level)",
                 "resolved at 80 % power", "seeds needed", "resolved at 80 % power with unlimited seeds")
-PAIR_NOTE = ("Run-level P(better): one minus the one-sided p of the run-level t, read as a probability under a "
-             "flat prior; run-level p: the two-sided p of the same t. Relative: the difference and its interval "
-             "divided by the against system's mean error, taken as fixed (its own uncertainty is not in the "
-             "interval). \"Resolved at 80 % power\": the difference this design would find at 5 % four times in "
-             "five, not a bound on the true one; \"with unlimited seeds\": the same from the test set's part of "
-             "the variance alone (the floor no number of seeds goes below).")
+PAIR_NOTE = ("Run-level P(better): 1 - the one-sided p of the run-level t, read as a probability under a flat "
+             "prior; run-level p: two-sided. Relative: the difference and its interval over the against system's mean, "
+             "taken as fixed. Resolved at 80 % power: what this design finds at 5 % four times in five, not a bound "
+             "on the true difference; with unlimited seeds: the same from the test set's part alone (its floor).")
 
 
 def pairs_markdown(table: Sequence[Pair], test_set: str, target: Optional[float] = None) -> str:
@@ -309,8 +306,8 @@ def pairs_markdown(table: Sequence[Pair], test_set: str, target: Optional[float]
                  f"{difference:+.2f}", runs[0], relative, runs[1], runs[2], f"{v['matched_pairs_p']:.3g}",
                  f"{v['sign_p']:.3g}", p.reading()] + runs[3:]
         lines.append("| " + " | ".join(cells) + " |")
-    note = PAIR_NOTE + (f" Seeds: ({EDGE_MARK} N): N of the runs of either system are marked in the systems' "
-                        f"table. {EDGE_NOTE}" if any(p.on_edge for p in table) else "")
+    note = PAIR_NOTE + (f" Seeds ({EDGE_MARK} N): N runs of the two on an edge. {EDGE_NOTE}"
+                        if any(p.on_edge for p in table) else "")
     return "\n".join(lines) + "\n\n" + note
 
 
