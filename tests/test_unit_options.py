@@ -208,7 +208,12 @@ def test_a_new_seed_of_an_archived_system_is_one_of_its_seeds(folder, tmp_path, 
     (tmp_path / "seed9").mkdir()
     write_resolved(config, tmp_path / "seed9" / "config.resolved.cfg")
     old, new = read_run(folder), read_run(tmp_path / "seed9")
-    assert new.key == old.key, sorted(old.options ^ new.options)
+    if "grid=" in (folder / "res.res").read_text():
+        assert new.key == old.key, sorted(old.options ^ new.options)
+    else:  # decoded before grids grew: its config's grid may have moved since (the word configs' scales did),
+        # and nothing else
+        assert {option for option, _ in old.options ^ new.options} <= {"[decoding] acwt_sweep"}, \
+            sorted(old.options ^ new.options)
 
 
 def test_a_folder_resolved_before_the_units_declared_their_options_resumes(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """The comparison table: one row per system, its seeds' errors, their mean and spread, a 95 % bootstrap
 interval, and the tests against a baseline system (the run-level test and its P(better), then the
 utterance-only ones), as text, Markdown or CSV; and the table of named pairs, whose verdicts come from the
-run-level test alone.
+run-level test alone. Long because the three tables (systems, pairs, the papers' claims) are views of one
+set of rows and tests, with the marks and notes they share: split, each would import the others' pieces.
 
 >>> row = Row("MINI_liBRU", "libru 2x256 uni", 540000, 8.0, 170.0, 17000.0, {"test": [30.1, 31.7]},
 ...           {"test": (30.9, 29.2, 32.6)}, {})

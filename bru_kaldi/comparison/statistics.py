@@ -1,5 +1,7 @@
 """How sure a comparison of error rates is: bootstrap intervals, a run-level test whose unit is the
 training run, utterance-only tests, and the power of the design, with one or several seeds per system.
+Long because each formula is explained here, where it is computed, and the tests share their pieces
+(the variance components feed the run-level test, its interval and its power alike).
 
 Everything works on per-utterance error counts (``decode_<set>/per_utt``): ``errors`` ``(S, N)``, the
 errors of each of ``S`` seeds on each of ``N`` utterances of one test set, and ``lengths`` ``(N,)``, the

@@ -6,6 +6,7 @@
 ``ctm``                   word timings of a best path (``lattice-align-words``, ``nbest-to-ctm``)
 ``sets``                  whole sets: :class:`DecodeJob`, the input checks, the reports
                           (:class:`SetResult`, the line ``res.res`` keeps)
+``grid``                  the settings tried on the tuning set, grown past an edge the best sits on
 ``python_decoder``        the sets with the decoder above, in parallel over utterances
 ``kaldi_scripts``         the sets with Kaldi's binaries (``kaldi_decoding_scripts/``)
 ========================  ====================================================================
@@ -55,7 +56,7 @@ def decode_sets(jobs: Sequence[DecodeJob], decoding: Decoding, tune_on: Optional
     ties going to the larger LM weight (the same rule), then the smaller penalty; untuned, LMWT is
     round(post_decode_acwt / acwt) and the penalty the smallest of ``wip_sweep``, as the Python
     decoder's. Either way, a choice on the edge of its grid grows the grid past that edge and the new
-    settings are tried too (``sets.tune``, at most ``grid_extensions`` times an edge); ``res.res`` records
+    settings are tried too (``grid.tune``, at most ``grid_extensions`` times an edge); ``res.res`` records
     the final grid on the tuning set's line (``grid=``) and any edge the choice is still on (``edge=``). Each hypothesis file of score.sh is scored again with :func:`scoring.score`, so that
     utterances Kaldi failed on count as deletions (``compute-wer --mode=present`` drops them).
     HCLG.fst is scanned against the model for the Python decoder only (Kaldi checks transition-ids

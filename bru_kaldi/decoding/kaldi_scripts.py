@@ -20,13 +20,14 @@ from bru_kaldi import scoring
 from bru_kaldi.config import DECODERS
 from bru_kaldi.decoding.ctm import read_word_boundary
 from bru_kaldi.atomic import write_text_atomically
-from bru_kaldi.decoding.sets import (ARITHMETIC, LM_WEIGHT, DecodeInputError, Grid, GraphMismatchError, KaldiDecodeError,
-                                     KaldiNotFoundError, Pass, Prepared, SetResult, finish, pass_line, tune)
+from bru_kaldi.decoding.grid import ARITHMETIC, LM_WEIGHT, Grid, tune
+from bru_kaldi.decoding.sets import (DecodeInputError, GraphMismatchError, KaldiDecodeError, KaldiNotFoundError, Pass,
+                                     Prepared, SetResult, finish, pass_line)
 
 KALDI_BINARIES = ("latgen-faster-mapped", "lattice-scale", "lattice-add-penalty", "lattice-best-path", "compute-wer")
 KALDI_SCRIPTS = Path(__file__).resolve().parents[2] / "kaldi_decoding_scripts"
 KALDI_LMWTS = tuple(range(1, 11))  # score.sh's grid: LM weights 1..10 (acoustic scale 1 / LMWT) ...
-KALDI_WIPS = ("0.0", "0.5", "1.0")  # ... and word insertion penalties (both grown past an edge: sets.tune)
+KALDI_WIPS = ("0.0", "0.5", "1.0")  # ... and word insertion penalties (both grown past an edge: grid.tune)
 
 
 def choose_decoder(decoder: str) -> str:
@@ -200,5 +201,5 @@ def decode_kaldi(prepared: Sequence[Prepared], decoding, tune_on: Optional[str],
         if not chosen.alignments and read_word_boundary(p.job.graph_dir) is not None:  # the CTM needs them
             chosen.alignments = _kaldi_best_path(p, *chosen.value).alignments
         results[p.job.name] = finish(p, chosen, passes, seconds, 1, "kaldi", note, lines, log,
-                                     (decoding.post_decode_acwt / lmwt, wip), grid)
+                                     (decoding.post_decode_acwt / lmwt, wip), *((grid.describe(), grid.edges) if grid else ()))
     return results

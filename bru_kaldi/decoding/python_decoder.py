@@ -6,7 +6,7 @@ insertion penalty: the tuning set is decoded at every pair of ``[decoding] acwt_
 ``wip_sweep`` (a penalty is put on a copy of the graph's word arcs, built once before the workers
 start), and every other set at the pair chosen on it, as Kaldi's scoring chooses its LM weight and
 penalty on dev. Where the best pair is on the edge of that grid the grid grows past it and only the
-new pairs are decoded (``sets.tune``, ``[decoding] grid_extensions``).
+new pairs are decoded (``grid.tune``, ``[decoding] grid_extensions``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import kaldiio
 import numpy as np
 
 from bru_kaldi import scoring
-from bru_kaldi.decoding.sets import (ARITHMETIC, GEOMETRIC, GRAPHS, DecodeInputError, Grid, Pass, Prepared, SetResult,
-                                     finish, pass_line, tune, write_pass)
+from bru_kaldi.decoding.grid import ARITHMETIC, GEOMETRIC, Grid, tune
+from bru_kaldi.decoding.sets import (GRAPHS, DecodeInputError, Pass, Prepared, SetResult, finish, pass_line,
+                                     write_pass)
 from bru_kaldi.decoding.utterance import DecoderOptions, NoPathError, decode, load_graph, with_word_penalty
 from bru_kaldi.kaldi.transition_model import read_transition_model
 
@@ -45,7 +46,7 @@ def load_graphs(graph_keys: Sequence[tuple[str, str]], penalties: Sequence[float
 
 def graph_with_penalty(graph_key: tuple[str, str], penalty: float):
     """The graph of ``graph_key`` with word insertion ``penalty``: built here the first time, where a grid
-    grown on the tuning set (sets.tune) reaches a penalty the workers were not started with."""
+    grown on the tuning set (grid.tune) reaches a penalty the workers were not started with."""
     if penalty and graph_key + (penalty,) not in GRAPHS:
         load_graphs([graph_key], [penalty])
     return GRAPHS[graph_key + (penalty,) if penalty else graph_key][0]
@@ -174,8 +175,9 @@ def decode_python(prepared: Sequence[Prepared], decoding, tune_on: Optional[str]
             if p.job.name == tune_on:
                 # the tuning set is decoded again at each setting: a lattice made once and rescored, as Kaldi
                 # tunes, would need a lattice decoder whose lattice Python can read, and kaldi-decoder's
-                # LatticeSimpleDecoder (no max-active) took 34 times FasterDecoder's time for one pass of the
-                # word task with 100k-arc raw lattices: dearer than decoding again at every point of the grid
+                # LatticeSimpleDecoder (no max-active) took 9-30 times FasterDecoder's time for one pass of the
+                # word task, with raw lattices of up to 87k arcs an utterance: no cheaper than decoding again at
+                # every point of the grid (bench/search_errors.py --lattice; RESULTS.md)
                 grid = Grid({"acwt": scales, "wip": penalties}, {"acwt": GEOMETRIC, "wip": ARITHMETIC})
                 seconds = 0.0
 
@@ -201,5 +203,5 @@ def decode_python(prepared: Sequence[Prepared], decoding, tune_on: Optional[str]
                 chosen = passes[0]
                 write_pass(p.job.out_dir, chosen)
             results[p.job.name] = finish(p, chosen, passes, seconds, len(passes), "python", note, lines, log,
-                                         chosen.value, grid)
+                                         chosen.value, *((grid.describe(), grid.edges) if grid else ()))
     return results
