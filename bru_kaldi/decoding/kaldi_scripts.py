@@ -200,6 +200,7 @@ def decode_kaldi(prepared: Sequence[Prepared], decoding, tune_on: Optional[str],
             chosen = passes[0]
         if not chosen.alignments and read_word_boundary(p.job.graph_dir) is not None:  # the CTM needs them
             chosen.alignments = _kaldi_best_path(p, *chosen.value).alignments
+        record = (grid.describe(), grid.edges) if grid else ()  # the tuning set's final grid, in res.res
         results[p.job.name] = finish(p, chosen, passes, seconds, 1, "kaldi", note, lines, log,
-                                     (decoding.post_decode_acwt / lmwt, wip), *((grid.describe(), grid.edges) if grid else ()))
+                                     (decoding.post_decode_acwt / lmwt, wip), *record)
     return results

@@ -202,6 +202,7 @@ def decode_python(prepared: Sequence[Prepared], decoding, tune_on: Optional[str]
                 passes, seconds = decode_python_set(p, [chosen_pair], decoding, run)
                 chosen = passes[0]
                 write_pass(p.job.out_dir, chosen)
+            record = (grid.describe(), grid.edges) if grid else ()  # the tuning set's final grid, in res.res
             results[p.job.name] = finish(p, chosen, passes, seconds, len(passes), "python", note, lines, log,
-                                         chosen.value, *((grid.describe(), grid.edges) if grid else ()))
+                                         chosen.value, *record)
     return results
