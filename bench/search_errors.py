@@ -75,14 +75,15 @@ def reference_text(run: Path, name: str) -> Path:
     return Path(lab.lab_data_folder) / "text"
 
 
-def decode_run(run: Path, name: str, beam: float, max_active: int, graph, tid2pdf, words, refs,
+def decode_run(loglikes: dict[str, np.ndarray], beam: float, max_active: int, graph, tid2pdf, words, refs,
                choice, scoring_filter: str) -> Decoded:
+    """Every utterance of ``loglikes`` (read once, outside the timing) at one search setting."""
     options = DecoderOptions(beam=beam, max_active=max_active, acoustic_scale=choice.acoustic_scale)
     hyps, costs = {}, {}
     started = time.process_time()
-    for utt, loglikes in kaldiio.load_scp(str(run / f"forward_{name}" / "loglikes.scp")).items():
+    for utt, matrix in loglikes.items():
         try:
-            result = decode(np.asarray(loglikes, dtype=np.float32), graph, tid2pdf, options)
+            result = decode(matrix, graph, tid2pdf, options)
         except NoPathError:
             costs[utt] = math.inf
             continue
@@ -102,11 +103,12 @@ def measure(run: Path, name: str, settings, log) -> tuple[list[Decoded], float, 
         graph = with_word_penalty(graph, choice.word_penalty)
     words = read_words(Path(choice.graph) / "words.txt")
     refs = scoring.read_text(reference_text(run, name))
-    frames = sum(m.shape[0] for m in kaldiio.load_scp(str(run / f"forward_{name}" / "loglikes.scp")).values())
-    audio = frames * FRAME_SHIFT * config.model.frame_subsampling_factor
+    loglikes = {utt: np.asarray(m, dtype=np.float32)
+                for utt, m in kaldiio.load_scp(str(run / f"forward_{name}" / "loglikes.scp")).items()}
+    audio = sum(len(m) for m in loglikes.values()) * FRAME_SHIFT * config.model.frame_subsampling_factor
     out = []
     for beam, active in settings:
-        out.append(decode_run(run, name, beam, active, graph, model.tid2pdf, words, refs, choice,
+        out.append(decode_run(loglikes, beam, active, graph, model.tid2pdf, words, refs, choice,
                               config.decoding.scoring))
         log(f"{run} beam {beam:g} max-active {active}: {out[-1].score.total.kaldi_line()} in {out[-1].seconds:.1f} s")
     label = f"{run.parent.name} seed {config.exp.seed} ({choice.setting})"

@@ -54,8 +54,8 @@ def test_the_seeds_bench_judges_a_run_of_the_tiny_config(tiny_corpus, tmp_path):
 
 
 def test_the_search_error_bench_decodes_a_trained_run_as_it_was_decoded_then_wider(tiny_word_model, tmp_path):
-    """At the narrowest setting (the run's own beam and max-active) the bench's WER is the run's test WER; a
-    wider search finds no costlier path; its markdown goes between the section's markers."""
+    """At the narrowest setting (the run's own beam and max-active) the bench's WER is the run's test WER; the
+    wider setting, the lattice timing and the all-runs row are printed; its markdown goes between the markers."""
     results = tmp_path / "R.md"
     results.write_text("<!-- search_errors.py search-errors -->\n<!-- /search_errors.py search-errors -->\n")
     result = subprocess.run([sys.executable, str(BENCH / "search_errors.py"), str(tiny_word_model), "--settings",
@@ -66,7 +66,7 @@ def test_the_search_error_bench_decodes_a_trained_run_as_it_was_decoded_then_wid
                     if line.startswith("test:")).split()[2]
     rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith(f"| {tiny_word_model.parent.name}")]
     assert [row[1:4] for row in rows] == [["13", "2000", test_wer], ["16", "9000", rows[1][3]]]
-    assert rows[0][6] == "0" and "times as long" in result.stdout and "all runs: 16:9000 against 13:2000" in result.stdout
+    assert "times as long" in result.stdout and "all runs: 16:9000 against 13:2000" in result.stdout
     assert "python bench/search_errors.py" in results.read_text() and rows[0][0] in results.read_text()
 
 
